@@ -1,0 +1,7 @@
+//! yolo-edge: a YOLOv9 edge runtime on candle — model, pre/post-processing, device memory
+//! planning, and the MQTT agent.
+
+pub mod model;
+pub mod postprocess;
+pub mod preprocess;
+pub mod weights;

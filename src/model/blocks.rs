@@ -1,0 +1,443 @@
+//! The YOLOv9 building blocks (ultralytics `nn/modules/{conv,block}.py`), each loaded from the
+//! checkpoint's own state-dict names with BatchNorm and RepConv branches folded into one
+//! convolution at load time (in f32, then cast to the run dtype).
+
+use candle_core::{DType, Module, Tensor, D};
+
+use super::{ModelError, Vb};
+
+/// BatchNorm epsilon of every YOLOv9 checkpoint (ultralytics and WongKinYiu set 1e-3).
+pub const BN_EPS: f64 = 1e-3;
+
+thread_local! {
+    /// Multiply-accumulate counter used by [`crate::model::YoloV9::gflops`].
+    pub(crate) static MACS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+fn count_macs(w: &Tensor, out: &Tensor) {
+    MACS.with(|m| {
+        if let Some(v) = m.get() {
+            let (_, cin_g, kh, kw) = w.dims4().unwrap_or((0, 0, 0, 0));
+            let n = out.elem_count() as u64 / out.dim(0).unwrap_or(1) as u64;
+            m.set(Some(v + n * (cin_g * kh * kw) as u64));
+        }
+    })
+}
+
+/// A 2-D convolution with bias, optionally followed by SiLU: the fused form of ultralytics
+/// `Conv` (conv + BatchNorm + SiLU), `RepConv`, `DWConv` and plain `nn.Conv2d`.
+#[derive(Debug, Clone)]
+pub struct Conv {
+    weight: Tensor,
+    bias: Tensor,
+    stride: usize,
+    padding: usize,
+    groups: usize,
+    act: bool,
+    /// Set while BatchNorm statistics are being measured (tests, calibration).
+    calib: Option<Calib>,
+}
+
+#[derive(Debug, Clone)]
+struct Calib {
+    name: String,
+    gamma: Tensor,
+    beta: Tensor,
+    sink: super::CalibSink,
+}
+
+/// Reads a conv weight `[c2, c1/g, k, k]` and infers the group count from its shape.
+fn conv_weight(vb: &Vb, name: &str, c1: usize, c2: usize, k: usize) -> Result<(Tensor, usize), ModelError> {
+    let full = vb.name(name);
+    let shape = vb.shape_of(name).unwrap_or_default();
+    let groups = match shape.as_slice() {
+        [o, i, kh, kw] if *o == c2 && *kh == k && *kw == k && *i > 0 && c1 % *i == 0 => c1 / *i,
+        _ => 1,
+    };
+    let w = vb.get(name, &[c2, c1 / groups, k, k]).map_err(|e| e.with_name(&full))?;
+    Ok((w, groups))
+}
+
+impl Conv {
+    /// ultralytics `Conv(c1, c2, k, s)` (padding k/2; groups from the checkpoint, so `DWConv` and
+    /// the official DDetect's grouped conv load too), fused or not in the file.
+    pub fn load(vb: &Vb, c1: usize, c2: usize, k: usize, s: usize, act: bool) -> Result<Self, ModelError> {
+        let (w, groups) = conv_weight(vb, "conv.weight", c1, c2, k)?;
+        if !vb.contains("bn.weight") {
+            // already fused (`yolo-edge convert`, or ultralytics' model.fuse())
+            let b = vb.get("conv.bias", &[c2])?;
+            return Self::from_parts(vb, "conv", w, b, s, k / 2, groups, act);
+        }
+        let gamma = vb.get("bn.weight", &[c2])?;
+        let beta = vb.get("bn.bias", &[c2])?;
+        vb.ignore("bn.num_batches_tracked");
+        if let Some(sink) = vb.calib() {
+            let name = vb.name("bn");
+            let dev = vb.device();
+            return Ok(Self {
+                weight: w.to_device(dev)?,
+                bias: Tensor::zeros(c2, DType::F32, dev)?,
+                stride: s,
+                padding: k / 2,
+                groups,
+                act,
+                calib: Some(Calib { name, gamma: gamma.to_device(dev)?, beta: beta.to_device(dev)?, sink }),
+            });
+        }
+        let mean = vb.get("bn.running_mean", &[c2])?;
+        let var = vb.get("bn.running_var", &[c2])?;
+        let scale = (gamma / (var + BN_EPS)?.sqrt()?)?;
+        let w = w.broadcast_mul(&scale.reshape((c2, 1, 1, 1))?)?;
+        let b = (beta - (mean * &scale)?)?;
+        Self::from_parts(vb, "conv", w, b, s, k / 2, groups, act)
+    }
+
+    /// `nn.Conv2d(c1, c2, k, bias=True)` stored as `weight`/`bias` (Detect's last layers, CBLinear).
+    pub fn load_plain(vb: &Vb, c1: usize, c2: usize, k: usize) -> Result<Self, ModelError> {
+        let (w, groups) = conv_weight(vb, "weight", c1, c2, k)?;
+        let b = vb.get("bias", &[c2])?;
+        Self::from_parts(vb, "", w, b, 1, k / 2, groups, false)
+    }
+
+    /// Finishes a folded layer; `convert` records it under `<prefix>[.name].weight/.bias`.
+    #[allow(clippy::too_many_arguments)]
+    fn from_parts(vb: &Vb, name: &str, w: Tensor, b: Tensor, stride: usize, padding: usize, groups: usize, act: bool) -> Result<Self, ModelError> {
+        let (dev, dt) = (vb.device(), vb.dtype());
+        let dot = if name.is_empty() { String::new() } else { format!("{name}.") };
+        vb.export(&format!("{dot}weight"), &w)?;
+        vb.export(&format!("{dot}bias"), &b)?;
+        Ok(Self { weight: w.to_dtype(dt)?.to_device(dev)?, bias: b.to_dtype(dt)?.to_device(dev)?, stride, padding, groups, act, calib: None })
+    }
+
+    /// Folded f32 weight and bias, for merging RepConv branches.
+    fn folded(&self) -> Result<(Tensor, Tensor), ModelError> {
+        Ok((self.weight.to_dtype(DType::F32)?, self.bias.to_dtype(DType::F32)?))
+    }
+
+    /// Merges RepConv's 3x3 and 1x1 branches (both folded, no activation) into one 3x3 conv + SiLU.
+    fn merge_rep(a: &Conv, b: &Conv, vb: &Vb) -> Result<Self, ModelError> {
+        let (wa, ba) = a.folded()?;
+        let (wb, bb) = b.folded()?;
+        let wb = wb.pad_with_zeros(2, 1, 1)?.pad_with_zeros(3, 1, 1)?;
+        Self::from_parts(vb, "conv", (wa + wb)?, (ba + bb)?, a.stride, a.padding, a.groups, true)
+    }
+
+    fn conv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (c_out, cin_g, k, _) = self.weight.dims4()?;
+        let c_in = x.dim(1)?;
+        let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 {
+            depthwise(x, &self.weight, k, self.padding)?
+        } else {
+            x.conv2d(&self.weight, self.padding, self.stride, 1, self.groups)?
+        };
+        count_macs(&self.weight, &y);
+        Ok(y)
+    }
+}
+
+/// Depthwise k x k convolution (stride 1) as k*k shifted multiply-adds: candle's grouped
+/// convolution runs one convolution per group, which is slow for hundreds of groups.
+fn depthwise(x: &Tensor, w: &Tensor, k: usize, pad: usize) -> candle_core::Result<Tensor> {
+    let (_, c, h, wd) = x.dims4()?;
+    let xp = x.pad_with_zeros(2, pad, pad)?.pad_with_zeros(3, pad, pad)?;
+    let w = w.reshape((c, k * k))?;
+    let mut acc: Option<Tensor> = None;
+    for i in 0..k {
+        let rows = xp.narrow(2, i, h)?;
+        for j in 0..k {
+            let tap = w.narrow(1, i * k + j, 1)?.reshape((1, c, 1, 1))?;
+            let term = rows.narrow(3, j, wd)?.broadcast_mul(&tap)?;
+            acc = Some(match acc {
+                None => term,
+                Some(a) => (a + term)?,
+            });
+        }
+    }
+    acc.ok_or_else(|| candle_core::Error::Msg("empty depthwise kernel".into()))
+}
+
+impl Module for Conv {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = self.conv(x)?;
+        let y = match &self.calib {
+            None => y.broadcast_add(&self.bias.reshape((1, (), 1, 1))?)?,
+            Some(c) => {
+                // BatchNorm with this batch's statistics, which become the running statistics
+                // (biased variance), exactly as `scripts/make_goldens.py` calibrates the reference.
+                let mean = y.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?.mean_keepdim(0)?;
+                let centered = y.broadcast_sub(&mean)?;
+                let var = centered.sqr()?.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?.mean_keepdim(0)?;
+                c.sink.lock().unwrap().push((c.name.clone(), mean.flatten_all()?, var.flatten_all()?));
+                let inv = (var + BN_EPS)?.sqrt()?.recip()?;
+                centered
+                    .broadcast_mul(&inv)?
+                    .broadcast_mul(&c.gamma.reshape((1, (), 1, 1))?)?
+                    .broadcast_add(&c.beta.reshape((1, (), 1, 1))?)?
+            }
+        };
+        if self.act {
+            y.silu()
+        } else {
+            Ok(y)
+        }
+    }
+}
+
+/// ultralytics `RepConv(c1, c2, 3)` (= WongKinYiu `RepConvN`): 3x3 and 1x1 branches summed, SiLU.
+#[derive(Debug, Clone)]
+pub enum RepConv {
+    Fused(Conv),
+    Branches(Conv, Conv),
+}
+
+impl RepConv {
+    pub fn load(vb: &Vb, c1: usize, c2: usize) -> Result<Self, ModelError> {
+        if vb.contains("conv.weight") {
+            return Ok(Self::Fused(Conv::load(vb, c1, c2, 3, 1, true)?));
+        }
+        // the branches are exported only as their merged sum
+        let branches = vb.without_export();
+        let a = Conv::load(&branches.pp("conv1"), c1, c2, 3, 1, false)?;
+        let b = Conv::load(&branches.pp("conv2"), c1, c2, 1, 1, false)?;
+        if a.calib.is_some() {
+            return Ok(Self::Branches(a, b));
+        }
+        Ok(Self::Fused(Conv::merge_rep(&a, &b, vb)?))
+    }
+}
+
+impl Module for RepConv {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Fused(c) => c.forward(x),
+            Self::Branches(a, b) => (a.forward(x)? + b.forward(x)?)?.silu(),
+        }
+    }
+}
+
+/// `RepBottleneck(c, c, shortcut=True, e=1.0)`: x + cv2(cv1(x)).
+#[derive(Debug, Clone)]
+pub struct RepBottleneck {
+    cv1: RepConv,
+    cv2: Conv,
+}
+
+impl Module for RepBottleneck {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x + self.cv2.forward(&self.cv1.forward(x)?)?
+    }
+}
+
+/// `RepCSP(c1, c2, n)` (a C3 with RepBottlenecks).
+#[derive(Debug, Clone)]
+pub struct RepCsp {
+    cv1: Conv,
+    cv2: Conv,
+    cv3: Conv,
+    m: Vec<RepBottleneck>,
+}
+
+impl RepCsp {
+    pub fn load(vb: &Vb, c1: usize, c2: usize, n: usize) -> Result<Self, ModelError> {
+        let c_ = c2 / 2;
+        let m = (0..n)
+            .map(|i| {
+                let b = vb.pp(format!("m.{i}"));
+                Ok(RepBottleneck { cv1: RepConv::load(&b.pp("cv1"), c_, c_)?, cv2: Conv::load(&b.pp("cv2"), c_, c_, 3, 1, true)? })
+            })
+            .collect::<Result<_, ModelError>>()?;
+        Ok(Self {
+            cv1: Conv::load(&vb.pp("cv1"), c1, c_, 1, 1, true)?,
+            cv2: Conv::load(&vb.pp("cv2"), c1, c_, 1, 1, true)?,
+            cv3: Conv::load(&vb.pp("cv3"), 2 * c_, c2, 1, 1, true)?,
+            m,
+        })
+    }
+}
+
+impl Module for RepCsp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut a = self.cv1.forward(x)?;
+        for b in &self.m {
+            a = b.forward(&a)?;
+        }
+        self.cv3.forward(&Tensor::cat(&[a, self.cv2.forward(x)?], 1)?)
+    }
+}
+
+/// One of RepNCSPELAN4's two inner branches: `Sequential(RepCSP, Conv 3x3)` or ELAN1's `Conv 3x3`.
+#[derive(Debug, Clone)]
+enum ElanBranch {
+    Csp(RepCsp, Conv),
+    Plain(Conv),
+}
+
+impl Module for ElanBranch {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Csp(csp, c) => c.forward(&csp.forward(x)?),
+            Self::Plain(c) => c.forward(x),
+        }
+    }
+}
+
+/// `RepNCSPELAN4(c1, c2, c3, c4, n)` and its light form `ELAN1(c1, c2, c3, c4)`.
+#[derive(Debug, Clone)]
+pub struct Elan {
+    cv1: Conv,
+    cv2: ElanBranch,
+    cv3: ElanBranch,
+    cv4: Conv,
+}
+
+impl Elan {
+    pub fn load_repncsp(vb: &Vb, c1: usize, c2: usize, c3: usize, c4: usize, n: usize) -> Result<Self, ModelError> {
+        let branch = |name: &str, cin: usize| -> Result<ElanBranch, ModelError> {
+            let b = vb.pp(name);
+            Ok(ElanBranch::Csp(RepCsp::load(&b.pp("0"), cin, c4, n)?, Conv::load(&b.pp("1"), c4, c4, 3, 1, true)?))
+        };
+        Ok(Self {
+            cv1: Conv::load(&vb.pp("cv1"), c1, c3, 1, 1, true)?,
+            cv2: branch("cv2", c3 / 2)?,
+            cv3: branch("cv3", c4)?,
+            cv4: Conv::load(&vb.pp("cv4"), c3 + 2 * c4, c2, 1, 1, true)?,
+        })
+    }
+
+    pub fn load_elan1(vb: &Vb, c1: usize, c2: usize, c3: usize, c4: usize) -> Result<Self, ModelError> {
+        Ok(Self {
+            cv1: Conv::load(&vb.pp("cv1"), c1, c3, 1, 1, true)?,
+            cv2: ElanBranch::Plain(Conv::load(&vb.pp("cv2"), c3 / 2, c4, 3, 1, true)?),
+            cv3: ElanBranch::Plain(Conv::load(&vb.pp("cv3"), c4, c4, 3, 1, true)?),
+            cv4: Conv::load(&vb.pp("cv4"), c3 + 2 * c4, c2, 1, 1, true)?,
+        })
+    }
+}
+
+impl Module for Elan {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = self.cv1.forward(x)?;
+        let c = y.dim(1)?;
+        let half = c.div_ceil(2);
+        let y0 = y.narrow(1, 0, half)?;
+        let y1 = y.narrow(1, half, c - half)?;
+        let y2 = self.cv2.forward(&y1)?;
+        let y3 = self.cv3.forward(&y2)?;
+        self.cv4.forward(&Tensor::cat(&[y0, y1, y2, y3], 1)?)
+    }
+}
+
+/// `avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)`.
+fn avg_pool_2x2_s1(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.avg_pool2d_with_stride((2, 2), (1, 1))
+}
+
+/// Max-pool with `padding = k / 2`: replicating the edge equals PyTorch's -inf padding for a max.
+fn max_pool_padded(x: &Tensor, k: usize, s: usize) -> candle_core::Result<Tensor> {
+    let p = k / 2;
+    x.pad_with_same(2, p, p)?.pad_with_same(3, p, p)?.max_pool2d_with_stride((k, k), (s, s))
+}
+
+/// `AConv(c1, c2)`: avg-pool 2x2/1 then Conv 3x3/2.
+#[derive(Debug, Clone)]
+pub struct AConv {
+    cv1: Conv,
+}
+
+impl AConv {
+    pub fn load(vb: &Vb, c1: usize, c2: usize) -> Result<Self, ModelError> {
+        Ok(Self { cv1: Conv::load(&vb.pp("cv1"), c1, c2, 3, 2, true)? })
+    }
+}
+
+impl Module for AConv {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.cv1.forward(&avg_pool_2x2_s1(x)?)
+    }
+}
+
+/// `ADown(c1, c2)`: avg-pool, then half the channels through Conv 3x3/2 and half through
+/// max-pool 3x3/2 + Conv 1x1.
+#[derive(Debug, Clone)]
+pub struct ADown {
+    cv1: Conv,
+    cv2: Conv,
+}
+
+impl ADown {
+    pub fn load(vb: &Vb, c1: usize, c2: usize) -> Result<Self, ModelError> {
+        Ok(Self { cv1: Conv::load(&vb.pp("cv1"), c1 / 2, c2 / 2, 3, 2, true)?, cv2: Conv::load(&vb.pp("cv2"), c1 / 2, c2 / 2, 1, 1, true)? })
+    }
+}
+
+impl Module for ADown {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x = avg_pool_2x2_s1(x)?;
+        let c = x.dim(1)?;
+        let half = c.div_ceil(2);
+        let x1 = self.cv1.forward(&x.narrow(1, 0, half)?)?;
+        let x2 = self.cv2.forward(&max_pool_padded(&x.narrow(1, half, c - half)?, 3, 2)?)?;
+        Tensor::cat(&[x1, x2], 1)
+    }
+}
+
+/// `SPPELAN(c1, c2, c3, k=5)`.
+#[derive(Debug, Clone)]
+pub struct Sppelan {
+    cv1: Conv,
+    cv5: Conv,
+}
+
+impl Sppelan {
+    pub fn load(vb: &Vb, c1: usize, c2: usize, c3: usize) -> Result<Self, ModelError> {
+        Ok(Self { cv1: Conv::load(&vb.pp("cv1"), c1, c3, 1, 1, true)?, cv5: Conv::load(&vb.pp("cv5"), 4 * c3, c2, 1, 1, true)? })
+    }
+}
+
+impl Module for Sppelan {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut ys = vec![self.cv1.forward(x)?];
+        for _ in 0..3 {
+            let y = max_pool_padded(ys.last().unwrap(), 5, 1)?;
+            ys.push(y);
+        }
+        self.cv5.forward(&Tensor::cat(&ys, 1)?)
+    }
+}
+
+/// `CBLinear(c1, c2s)`: one 1x1 conv (with bias) whose output is split by channel counts.
+#[derive(Debug, Clone)]
+pub struct CbLinear {
+    conv: Conv,
+    c2s: Vec<usize>,
+}
+
+impl CbLinear {
+    pub fn load(vb: &Vb, c1: usize, c2s: &[usize]) -> Result<Self, ModelError> {
+        Ok(Self { conv: Conv::load_plain(&vb.pp("conv"), c1, c2s.iter().sum(), 1)?, c2s: c2s.to_vec() })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+        let y = self.conv.forward(x)?;
+        let mut start = 0;
+        self.c2s
+            .iter()
+            .map(|&c| {
+                let t = y.narrow(1, start, c);
+                start += c;
+                t
+            })
+            .collect()
+    }
+}
+
+/// `CBFuse(idx)`: nearest-resize the picked CBLinear outputs to the last input's size and sum.
+pub fn cb_fuse(picked: &[Tensor], last: &Tensor) -> candle_core::Result<Tensor> {
+    let (_, _, h, w) = last.dims4()?;
+    let mut acc = last.clone();
+    for t in picked {
+        let up = if t.dims()[2..] == [h, w] { t.clone() } else { t.upsample_nearest2d(h, w)? };
+        acc = (acc + up)?;
+    }
+    Ok(acc)
+}

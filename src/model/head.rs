@@ -1,0 +1,160 @@
+//! The detection head (ultralytics `Detect`, WongKinYiu `DDetect`) with Distribution Focal Loss
+//! decoding: box and class branches per level, DFL expectation, anchor decode to xywh pixels,
+//! sigmoid scores — the reference's eval-mode output `(B, 4 + nc, anchors)`.
+
+use std::sync::Mutex;
+
+use candle_core::{DType, Device, Module, Tensor};
+use serde::Serialize;
+
+use super::blocks::Conv;
+use super::{ModelError, Vb};
+
+/// Which classification branch the checkpoint has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadStyle {
+    /// YOLOv8/v9 (`legacy=True`): `cv3` = Conv 3x3, Conv 3x3, Conv2d 1x1.
+    Classic,
+    /// ultralytics >= 8.3: `cv3` = [DWConv 3x3, Conv 1x1] x 2, Conv2d 1x1.
+    Depthwise,
+}
+
+#[derive(Debug, Clone)]
+struct Branch {
+    convs: Vec<Conv>,
+    out: Conv,
+}
+
+impl Module for Branch {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut y = x.clone();
+        for c in &self.convs {
+            y = c.forward(&y)?;
+        }
+        self.out.forward(&y)
+    }
+}
+
+/// Anchor centres and strides for one input size, kept on the device.
+type AnchorCache = Option<((usize, usize), Tensor, Tensor)>;
+
+#[derive(Debug)]
+pub struct Detect {
+    boxes: Vec<Branch>,
+    classes: Vec<Branch>,
+    /// DFL projection weights (0..reg_max), shaped (1, 1, reg_max, 1).
+    proj: Tensor,
+    pub nc: usize,
+    pub reg_max: usize,
+    pub style: HeadStyle,
+    anchors: Mutex<AnchorCache>,
+}
+
+impl Detect {
+    pub fn load(vb: &Vb, ch: &[usize]) -> Result<Self, ModelError> {
+        let c2 = vb.shape_of("cv2.0.0.conv.weight").map(|s| s[0]).unwrap_or(0);
+        let reg4 = vb.shape_of("cv2.0.2.weight").map(|s| s[0]).unwrap_or(0);
+        let style = if vb.contains("cv3.0.0.0.conv.weight") { HeadStyle::Depthwise } else { HeadStyle::Classic };
+        let nc = vb.shape_of("cv3.0.2.weight").map(|s| s[0]).unwrap_or(0);
+        let c3 = match style {
+            HeadStyle::Classic => vb.shape_of("cv3.0.0.conv.weight"),
+            HeadStyle::Depthwise => vb.shape_of("cv3.0.0.1.conv.weight"),
+        }
+        .map(|s| s[0])
+        .unwrap_or(0);
+        if c2 == 0 || reg4 == 0 || reg4 % 4 != 0 || nc == 0 || c3 == 0 {
+            return Err(ModelError::Architecture(format!("detection head `{}` is incomplete (cv2/cv3 tensors missing or malformed)", vb.name(""))));
+        }
+        let reg_max = reg4 / 4;
+        let mut boxes = Vec::new();
+        let mut classes = Vec::new();
+        for (i, &x) in ch.iter().enumerate() {
+            let b = vb.pp(format!("cv2.{i}"));
+            boxes.push(Branch {
+                convs: vec![Conv::load(&b.pp("0"), x, c2, 3, 1, true)?, Conv::load(&b.pp("1"), c2, c2, 3, 1, true)?],
+                out: Conv::load_plain(&b.pp("2"), c2, reg4, 1)?,
+            });
+            let c = vb.pp(format!("cv3.{i}"));
+            let convs = match style {
+                HeadStyle::Classic => vec![Conv::load(&c.pp("0"), x, c3, 3, 1, true)?, Conv::load(&c.pp("1"), c3, c3, 3, 1, true)?],
+                HeadStyle::Depthwise => vec![
+                    Conv::load(&c.pp("0.0"), x, x, 3, 1, true)?,
+                    Conv::load(&c.pp("0.1"), x, c3, 1, 1, true)?,
+                    Conv::load(&c.pp("1.0"), c3, c3, 3, 1, true)?,
+                    Conv::load(&c.pp("1.1"), c3, c3, 1, 1, true)?,
+                ],
+            };
+            classes.push(Branch { convs, out: Conv::load_plain(&c.pp("2"), c3, nc, 1)? });
+        }
+        let proj = if vb.contains("dfl.conv.weight") {
+            vb.get("dfl.conv.weight", &[1, reg_max, 1, 1])?
+        } else {
+            Tensor::arange(0f32, reg_max as f32, &Device::Cpu)?
+        };
+        vb.export("dfl.conv.weight", &proj.reshape((1, reg_max, 1, 1))?)?;
+        let proj = proj.reshape((1, 1, reg_max, 1))?.to_dtype(vb.dtype())?.to_device(vb.device())?;
+        Ok(Self { boxes, classes, proj, nc, reg_max, style, anchors: Mutex::new(None) })
+    }
+
+    fn anchors(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<(Tensor, Tensor)> {
+        let mut cache = self.anchors.lock().unwrap();
+        if let Some((hw, a, s)) = cache.as_ref() {
+            if *hw == input_hw {
+                return Ok((a.clone(), s.clone()));
+            }
+        }
+        let mut pts = Vec::new();
+        let mut strides = Vec::new();
+        for f in feats {
+            let (_, _, h, w) = f.dims4()?;
+            let stride = (input_hw.0 / h) as f32;
+            for y in 0..h {
+                for x in 0..w {
+                    pts.push((x as f32 + 0.5, y as f32 + 0.5));
+                    strides.push(stride);
+                }
+            }
+        }
+        let n = pts.len();
+        let xs: Vec<f32> = pts.iter().map(|p| p.0).chain(pts.iter().map(|p| p.1)).collect();
+        let dev = feats[0].device();
+        let dt = feats[0].dtype();
+        let a = Tensor::from_vec(xs, (1, 2, n), dev)?.to_dtype(dt)?;
+        let s = Tensor::from_vec(strides, (1, 1, n), dev)?.to_dtype(dt)?;
+        *cache = Some((input_hw, a.clone(), s.clone()));
+        Ok((a, s))
+    }
+
+    /// Raw output `(B, 4 + nc, A)`: xywh in input pixels, then sigmoid class scores.
+    pub fn forward(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
+        let b = feats[0].dim(0)?;
+        let mut box_parts = Vec::with_capacity(feats.len());
+        let mut cls_parts = Vec::with_capacity(feats.len());
+        for (i, f) in feats.iter().enumerate() {
+            box_parts.push(self.boxes[i].forward(f)?.flatten_from(2)?);
+            cls_parts.push(self.classes[i].forward(f)?.flatten_from(2)?);
+        }
+        let boxes = Tensor::cat(&box_parts, 2)?; // (b, 4*reg, A)
+        let cls = Tensor::cat(&cls_parts, 2)?; // (b, nc, A)
+        let a = boxes.dim(2)?;
+        // DFL: softmax over the reg_max bins of each side, expectation with the projection.
+        let d = boxes.reshape((b, 4, self.reg_max, a))?;
+        let d = candle_nn::ops::softmax(&d, 2)?;
+        let dist = d.broadcast_mul(&self.proj)?.sum(2)?; // (b, 4, A)
+        let (anchors, strides) = self.anchors(feats, input_hw)?;
+        let lt = dist.narrow(1, 0, 2)?;
+        let rb = dist.narrow(1, 2, 2)?;
+        let x1y1 = anchors.broadcast_sub(&lt)?;
+        let x2y2 = anchors.broadcast_add(&rb)?;
+        let cxy = ((&x1y1 + &x2y2)? * 0.5)?;
+        let wh = (x2y2 - x1y1)?;
+        let dbox = Tensor::cat(&[cxy, wh], 1)?.broadcast_mul(&strides)?;
+        let scores = candle_nn::ops::sigmoid(&cls)?;
+        Tensor::cat(&[dbox, scores.to_dtype(dbox.dtype())?], 1)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.proj.dtype()
+    }
+}
