@@ -117,11 +117,22 @@ def dets_list(pred) -> list[dict]:
 
 
 def compare_dets(a: list[dict], b: list[dict]) -> dict:
-    n = min(len(a), len(b))
-    box = max((max(abs(u - v) for u, v in zip(a[i]["box"], b[i]["box"])) for i in range(n)), default=0.0)
-    conf = max((abs(a[i]["confidence"] - b[i]["confidence"]) for i in range(n)), default=0.0)
-    return {"count": [len(a), len(b)], "max_box_diff_px": box, "max_conf_diff": conf,
-            "same_classes": all(a[i]["class_id"] == b[i]["class_id"] for i in range(n))}
+    """Greedy match (same class, nearest box by max coordinate difference), order-independent."""
+    used, box, conf, matched = set(), 0.0, 0.0, 0
+    for da in a:
+        best = None
+        for j, db in enumerate(b):
+            if j in used or db["class_id"] != da["class_id"]:
+                continue
+            d = max(abs(u - v) for u, v in zip(da["box"], db["box"]))
+            if best is None or d < best[0]:
+                best = (d, j)
+        if best is not None and best[0] < 8.0:
+            used.add(best[1])
+            matched += 1
+            box = max(box, best[0])
+            conf = max(conf, abs(da["confidence"] - b[best[1]]["confidence"]))
+    return {"count": [len(a), len(b)], "matched": matched, "max_box_diff_px": box, "max_conf_diff": conf}
 
 
 def golden_real(arrs, x, inputs_meta):
