@@ -17,8 +17,9 @@ Writes into OUTDIR:
   manifest.json              sizes + sha256 of all of the above
 
 Fixed input (no image decoding involved): x = float32(prng_u("test-input", 1*3*640*640)).reshape(1, 3, 640, 640),
-prng_u as in scripts/README.md. Weights: torch.manual_seed(0) default init; BN weight/bias then set from the seeded
-PRNG rule, running stats calibrated on x (so running_var > 0 and the outputs are not degenerate).
+prng_u as in scripts/README.md. Weights: the seeded-random rule of the goldens (all entries but running stats and
+dfl.conv.weight), BN running stats calibrated on x (so running_var > 0 and scores are not all ~0 as they would be
+with the models' own bias_init).
 """
 
 from __future__ import annotations
@@ -44,15 +45,6 @@ def fixed_input():
     return torch.from_numpy(gc.prng_u("test-input", 3 * 640 * 640).astype(np.float32).reshape(1, 3, 640, 640))
 
 
-def seed_bn_affine(model):
-    import torch
-
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            if name.endswith((".bn.weight", ".bn.bias")):
-                t.copy_(torch.from_numpy(gc.seeded_value(name, tuple(t.shape))))
-
-
 def state_dict_listing(model):
     return [[k, list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in model.state_dict().items()]
 
@@ -69,7 +61,7 @@ def official_gelan_t(out: Path, x) -> dict:
     cfg = Path(yolo9.__file__).parent / "models" / "detect" / "gelan-t.yaml"
     torch.manual_seed(0)
     model = Y.DetectionModel(str(cfg), ch=3, nc=80)
-    seed_bn_affine(model)
+    gc.apply_seeded_weights(model)
     gc.calibrate_bn(model, x)
     model.half()  # as saved: fp16; the reference is computed from exactly these (fp16-rounded) values in f32
     ref = copy.deepcopy(model).float().eval()
@@ -108,7 +100,7 @@ def official_gelan_t(out: Path, x) -> dict:
     head = model.model[-1]
     g = gc.provenance(
         "yolo9 (official WongKinYiu/yolov9 code) models.yolo.DetectionModel('models/detect/gelan-t.yaml', nc=80) "
-        "after torch.manual_seed(0); .bn.weight/.bn.bias from the seeded PRNG rule; BN running stats calibrated "
+        "; weights from the seeded PRNG rule; BN running stats calibrated "
         "(forward pre-hooks, biased var) on x; model.half(); saved like strip_optimizer() with official module paths; "
         "out = model.float()(x)[0] from the fp16-rounded weights; x = prng_u('test-input', 3*640*640) as (1,3,640,640)")
     g.update({
@@ -135,7 +127,7 @@ def ultra_yolov9s(out: Path, x) -> dict:
     model = DetectionModel("yolov9s.yaml", nc=3, verbose=False)
     head = model.model[-1]
     assert head.legacy and type(head.cv3[0][0]).__name__ == "Conv"
-    seed_bn_affine(model)
+    gc.apply_seeded_weights(model)
     gc.calibrate_bn(model, x)
     with torch.no_grad():
         y = gc.detect_output(model(x))
@@ -165,7 +157,7 @@ def ultra_yolov9s(out: Path, x) -> dict:
     }
     torch.save(ckpt, out / "ultra-yolov9s-f32.pt")
     g = gc.provenance(
-        "ultralytics DetectionModel('yolov9s.yaml', nc=3) after torch.manual_seed(0); .bn.weight/.bn.bias from the "
+        "ultralytics DetectionModel('yolov9s.yaml', nc=3) with weights from the "
         "seeded PRNG rule; BN running stats calibrated on x; float32; names {0:'a',1:'b',2:'c'}; saved as a dict "
         "like strip_optimizer() (model=DetectionModel f32, ema=None, train_args with imgsz=640); "
         "out = model(x)[0]; x = prng_u('test-input', 3*640*640) as (1,3,640,640)")
