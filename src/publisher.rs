@@ -524,7 +524,7 @@ impl Publisher {
         }
         let window: Vec<InFlight> = self.window.drain(..).collect();
         for f in window {
-            if let (Kind::Detection, Origin::Live(_)) = (f.msg.kind, &f.msg.origin) {
+            if f.msg.kind == Kind::Detection && matches!(f.msg.origin, Origin::Live(_)) {
                 self.spool_msg(f.msg);
             }
         }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::*;
+use image::ImageEncoder;
 
 const T: Duration = Duration::from_secs(120);
 
