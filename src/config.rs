@@ -847,7 +847,7 @@ path = "/in"
         let e = err(&MIN.replace("[spool]", "[device]\nmax_wait_ms = \"x\"\n[spool]"));
         assert!(e.contains("`device.max_wait_ms`"), "{e}");
         let e = err(&MIN.replace("[spool]", "[device]\nbatch = 64\nmax_batch = 8\n[spool]"));
-        assert!(e.contains("`device.batch`") && e.contains(":9:"), "{e}");
+        assert!(e.contains("`device.batch`") && e.contains(":8:"), "{e}");
         let e = err(&MIN.replace("id = \"cam\"", "id = \"a/b\""));
         assert!(e.contains("sources[0].id"), "{e}");
     }

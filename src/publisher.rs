@@ -398,7 +398,8 @@ impl Publisher {
                     Err(e) => {
                         tracing::error!("skipping unreadable spool entry: {e}");
                         self.p.events.emit("spool_error", serde_json::json!({"error": e.to_string()}));
-                        if let crate::spool::SpoolError::Corrupt { path } | crate::spool::SpoolError::Io { path, .. } = &e {
+                        let (crate::spool::SpoolError::Corrupt { path } | crate::spool::SpoolError::Io { path, .. }) = &e;
+                        {
                             if let Some(id) = path.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()) {
                                 self.p.spool.discard(id);
                             }
