@@ -2,6 +2,7 @@
 
 mod convert;
 mod detect;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +50,8 @@ enum Cmd {
     },
     /// Fold a checkpoint (BatchNorm, RepConv) into a safetensors file that loads fastest.
     Convert(convert::ConvertArgs),
+    /// Run the edge agent: sources -> batched inference -> MQTT (until SIGTERM/SIGINT).
+    Run(run::RunArgs),
     /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
     Letterbox {
         image: PathBuf,
@@ -62,6 +65,7 @@ enum Cmd {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
         Cmd::Detect(a) => detect::run(a),
+        Cmd::Run(a) => run::run(a),
         Cmd::Convert(a) => convert::run(a),
         Cmd::Info { model, imgsz, json } => info(&model, imgsz, json),
         Cmd::Letterbox { image, imgsz, out } => letterbox(&image, imgsz, &out),
@@ -71,6 +75,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Maps an error chain to an exit code.
 pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
+        if cause.is::<yolo_edge::config::ConfigError>() {
+            return exit::CONFIG;
+        }
         if cause.is::<device::DeviceError>() {
             return exit::DEVICE;
         }

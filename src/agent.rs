@@ -1,0 +1,323 @@
+//! The edge agent (`yolo-edge run`): wires config, model, pipeline, sources, publisher,
+//! telemetry and config field updates together, and runs the SIGTERM/SIGINT lifecycle.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+use notify::Watcher;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{BatchSpec, Config, ConfigError, SourceConfig};
+use crate::detector::Detector;
+use crate::events::EventSink;
+use crate::pipeline::{Control, ModelMeta, Pipeline};
+use crate::publisher::{self, PublisherParts};
+use crate::sources::{folder, mqtt as mqtt_source};
+use crate::spool::{Spool, SpoolError};
+use crate::telemetry::{CpuMemory, MemorySource, Stats, UnknownMemory};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
+    #[error("cannot load model {path}: {source}")]
+    Model { path: PathBuf, source: crate::model::ModelError },
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    #[error("cannot start the agent: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A fresh id for this boot of the agent (consumers reset `seq` expectations on change).
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid").map(|s| s.trim().to_string()).unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        format!("{:x}-{:x}", t.as_nanos(), std::process::id())
+    })
+}
+
+/// The batch the agent starts with, and why.
+pub fn startup_batch(cfg: &Config, device: &Device) -> (usize, String) {
+    match cfg.device.batch {
+        BatchSpec::Fixed(b) => (b, format!("fixed by config (batch = {b})")),
+        // Until the memory planner (issue 4) lands: a conservative start; the runtime OOM
+        // fallback lowers it when the device cannot hold it.
+        BatchSpec::Auto if device.is_cuda() => (cfg.device.max_batch, "auto: max_batch, lowered on OOM".into()),
+        BatchSpec::Auto => (cfg.device.max_batch.min(4), "auto on CPU: min(max_batch, 4)".into()),
+    }
+}
+
+fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector, AgentError> {
+    Detector::load(&cfg.model.path, device, dtype, Some(cfg.device.imgsz)).map_err(|source| AgentError::Model { path: cfg.model.path.clone(), source })
+}
+
+/// Runs the agent until SIGTERM/SIGINT; returns once everything is drained and `offline` sent.
+pub fn run(config_path: &Path) -> Result<(), AgentError> {
+    let cfg = Arc::new(Config::load(config_path)?);
+    let device = crate::device::parse_device(&cfg.device.device)?;
+    let dtype = crate::device::parse_dtype(&cfg.device.dtype, &device)?;
+    let detector = load_detector(&cfg, &device, dtype)?;
+    let (batch, batch_reason) = startup_batch(&cfg, &device);
+    let spool = Spool::open(&cfg.spool.dir, cfg.spool.max_bytes)?;
+    if !spool.is_empty() {
+        tracing::info!(entries = spool.len(), "spool holds messages from a previous run; replaying after connect");
+    }
+    tracing::info!(model = %cfg.model.path.display(), device = %crate::device::device_name(&device), dtype = crate::device::dtype_name(dtype), batch, reason = %batch_reason, "agent starting");
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().thread_name("agent-io").build()?;
+    rt.block_on(run_async(cfg, device, dtype, detector, batch, batch_reason, spool))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_async(
+    cfg: Arc<Config>,
+    device: Device,
+    dtype: DType,
+    detector: Detector,
+    batch: usize,
+    batch_reason: String,
+    spool: Spool,
+) -> Result<(), AgentError> {
+    let stats = Arc::new(Stats::default());
+    let boot = boot_id();
+    let (events, events_rx) = EventSink::new(1024, stats.clone());
+    let (cfg_tx, cfg_rx) = watch::channel(cfg.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let depth = (cfg.device.max_batch * 2).max(8);
+    let (intake_tx, intake_rx) = mpsc::channel(depth);
+    let (results_tx, results_rx) = mpsc::channel(depth + 8);
+    let (images_tx, images_rx) = mpsc::channel(64);
+
+    let pipeline = Pipeline::start(detector, batch, cfg_rx.clone(), intake_rx, results_tx, events.clone(), stats.clone())?;
+    let model_meta = pipeline.model.clone();
+    let control = pipeline.control.clone();
+
+    let memory: Arc<dyn MemorySource> = if device.is_cuda() { Arc::new(UnknownMemory) } else { Arc::new(CpuMemory) };
+    let info = {
+        let model_meta = model_meta.clone();
+        let cfg_rx = cfg_rx.clone();
+        let stats = stats.clone();
+        let boot = boot.clone();
+        let dev_name = crate::device::device_name(&device);
+        let started = publisher::now_ts();
+        Box::new(move || {
+            let c = cfg_rx.borrow().clone();
+            let m: ModelMeta = model_meta.read().map(|m| m.clone()).unwrap_or_else(|e| e.into_inner().clone());
+            serde_json::json!({
+                "v": 1,
+                "device_id": c.mqtt.device_id,
+                "boot_id": boot,
+                "version": env!("CARGO_PKG_VERSION"),
+                "started": started,
+                "model": {"variant": m.variant, "classes": m.names, "nc": m.nc, "sha256": m.sha256, "path": m.path, "label": m.label},
+                "device": dev_name,
+                "dtype": crate::device::dtype_name(dtype),
+                "imgsz": c.device.imgsz,
+                "batch_plan": {
+                    "startup": stats.batch_startup.load(Relaxed), "current": stats.batch_current.load(Relaxed),
+                    "max_batch": c.device.max_batch, "reason": batch_reason,
+                    "memory_fraction": c.device.memory_fraction, "memory_limit": c.device.memory_limit,
+                },
+                "config_sha256": c.sha256,
+                "sources": c.sources.iter().map(|s| s.id().to_string()).collect::<Vec<_>>(),
+                "protocol": c.mqtt.protocol,
+            })
+        })
+    };
+
+    // sources
+    let mut source_tasks = Vec::new();
+    let mut mqtt_sources = Vec::new();
+    for s in &cfg.sources {
+        match s.clone() {
+            SourceConfig::Folder { id, path, done_dir, failed_dir, settle, scan_interval } => {
+                let src = folder::FolderSource { id, path, done_dir, failed_dir, settle, scan_interval };
+                source_tasks.push(tokio::spawn(folder::run(src, intake_tx.clone(), stop_rx.clone(), events.clone())));
+            }
+            SourceConfig::Mqtt { id, topic, id_from_topic_level } => {
+                mqtt_sources.push(mqtt_source::MqttSource { id, filter: topic, id_level: id_from_topic_level })
+            }
+        }
+    }
+    let image_filters: Vec<String> = mqtt_sources.iter().map(|s| s.filter.clone()).collect();
+    if !mqtt_sources.is_empty() {
+        source_tasks.push(tokio::spawn(mqtt_source::run(mqtt_sources, images_rx, intake_tx.clone(), stop_rx.clone(), events.clone(), stats.clone())));
+    }
+    drop(intake_tx);
+
+    let publisher_task = tokio::spawn(publisher::run(PublisherParts {
+        cfg: cfg_rx.clone(),
+        results: results_rx,
+        events_rx,
+        events: events.clone(),
+        stats: stats.clone(),
+        spool,
+        boot_id: boot.clone(),
+        info,
+        memory,
+        images: images_tx,
+        image_filters,
+        shutdown: stop_rx.clone(),
+    }));
+
+    let reload_task = tokio::spawn(watch_config(cfg_tx, control, device.clone(), dtype, events.clone(), stats.clone(), stop_rx.clone()));
+
+    wait_for_signal().await;
+    let grace = cfg_rx.borrow().shutdown_grace;
+    tracing::info!(grace_s = grace.as_secs_f64(), "shutting down: intake stopped, draining");
+    let _ = stop_tx.send(true);
+    for t in source_tasks {
+        let _ = t.await;
+    }
+    // the pipeline ends when the intake is drained; the publisher after the last outcome
+    let drained = tokio::time::timeout(grace + Duration::from_secs(5), publisher_task).await;
+    if drained.is_err() {
+        tracing::error!("publisher did not finish within the grace period");
+    }
+    reload_task.abort();
+    let joined = tokio::time::timeout(Duration::from_secs(2), tokio::task::spawn_blocking(move || pipeline.join())).await;
+    if joined.is_err() {
+        tracing::warn!("pipeline threads still busy at exit");
+    }
+    tracing::info!(frames_ok = stats.frames_ok.load(Relaxed), frames_failed = stats.frames_failed.load(Relaxed), "agent stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = int.recv() => tracing::info!("SIGINT"),
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Watches the config file; applies valid changes live, rejects invalid ones with an event.
+async fn watch_config(
+    cfg_tx: watch::Sender<Arc<Config>>,
+    control: std::sync::mpsc::SyncSender<Control>,
+    device: Device,
+    dtype: DType,
+    events: EventSink,
+    stats: Arc<Stats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let path = cfg_tx.borrow().path.clone();
+    let dir = path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
+    let name = path.file_name().map(|n| n.to_os_string());
+    let (tx, mut rx) = mpsc::channel::<()>(1);
+    let watcher = notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
+        if let Ok(ev) = r {
+            if ev.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
+                let _ = tx.try_send(());
+            }
+        }
+    })
+    .and_then(|mut w| w.watch(&dir, notify::RecursiveMode::NonRecursive).map(|_| w));
+    let _watcher = match watcher {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("cannot watch {}: {e}; config field updates disabled", path.display());
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            r = rx.recv() => if r.is_none() { return },
+            _ = stop.changed() => return,
+        }
+        // editors write in several steps: let the file settle
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        while rx.try_recv().is_ok() {}
+        let old = cfg_tx.borrow().clone();
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("config file unreadable ({e}); keeping the running config");
+                continue;
+            }
+        };
+        let new = match std::str::from_utf8(&text).map_err(|e| e.to_string()).and_then(|t| Config::parse(t, &path).map_err(|e| e.to_string())) {
+            Ok(c) => c,
+            Err(e) => {
+                stats.config_rejected.fetch_add(1, Relaxed);
+                events.emit("config_rejected", serde_json::json!({"path": path, "error": e, "running_sha256": old.sha256}));
+                continue;
+            }
+        };
+        if new.sha256 == old.sha256 {
+            continue;
+        }
+        let restart = old.restart_required(&new);
+        let mut applied = new.clone();
+        applied.device = old.device.clone();
+        applied.sources = old.sources.clone();
+        applied.spool = old.spool.clone();
+        applied.input = old.input;
+        applied.inject_oom = old.inject_oom;
+        applied.mqtt.device_id = old.mqtt.device_id.clone();
+        applied.mqtt.prefix = old.mqtt.prefix.clone();
+        if applied.model.path != old.model.path {
+            let (c, d) = (applied.clone(), device.clone());
+            let loaded = tokio::task::spawn_blocking(move || load_detector(&c, &d, dtype)).await;
+            match loaded {
+                Ok(Ok(det)) => {
+                    let control = control.clone();
+                    let sent = tokio::task::spawn_blocking(move || control.send(Control::SwapModel(Box::new(det)))).await;
+                    if !matches!(sent, Ok(Ok(()))) {
+                        tracing::warn!("inference worker gone; model not swapped");
+                        continue;
+                    }
+                }
+                Ok(Err(e)) => {
+                    stats.config_rejected.fetch_add(1, Relaxed);
+                    events.emit("config_rejected", serde_json::json!({"path": path, "error": e.to_string(), "running_sha256": old.sha256}));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!("model loader failed: {e}");
+                    continue;
+                }
+            }
+        }
+        let changed = changed_sections(&old, &applied);
+        stats.config_applied.fetch_add(1, Relaxed);
+        let sha = applied.sha256.clone();
+        cfg_tx.send_replace(Arc::new(applied));
+        events.emit("config_applied", serde_json::json!({"path": path, "sha256": sha, "changed": changed, "restart_required": restart}));
+    }
+}
+
+fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if a.model.thresholds != b.model.thresholds {
+        v.push("model.thresholds");
+    }
+    if a.model.path != b.model.path {
+        v.push("model.path");
+    }
+    if a.mqtt != b.mqtt {
+        v.push("mqtt");
+    }
+    if a.telemetry_interval != b.telemetry_interval {
+        v.push("telemetry");
+    }
+    if a.oom_quiet_period != b.oom_quiet_period {
+        v.push("oom");
+    }
+    if a.shutdown_grace != b.shutdown_grace {
+        v.push("shutdown");
+    }
+    v
+}

@@ -1,0 +1,481 @@
+//! The edge agent against a real Mosquitto broker: hot folder throughput and schema, broker
+//! restarts, SIGTERM/SIGKILL, config field updates and model swap, TLS + auth, bad input, and
+//! the runtime OOM fallback (driven on the CPU by the test-only injector).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::*;
+use image::ImageEncoder;
+
+const T: Duration = Duration::from_secs(300);
+
+/// seq values must be 1..=n with no gap; duplicates (QoS 1) must repeat the same message.
+fn check_seq(dets: &[serde_json::Value], n: usize) {
+    let mut by_seq: BTreeMap<u64, String> = BTreeMap::new();
+    let mut last_first = 0;
+    for v in dets {
+        let s = v["seq"].as_u64().unwrap();
+        let img = image_name(v);
+        match by_seq.get(&s) {
+            Some(prev) => assert_eq!(prev, &img, "duplicate seq {s} carries another image"),
+            None => {
+                assert!(s > last_first, "seq {s} first seen after {last_first}: out of order");
+                last_first = s;
+                by_seq.insert(s, img);
+            }
+        }
+    }
+    assert_eq!(by_seq.len(), n, "distinct seq");
+    assert_eq!(by_seq.keys().copied().collect::<Vec<_>>(), (1..=n as u64).collect::<Vec<_>>(), "seq gap-free");
+}
+
+#[test]
+fn hot_folder_500_images_schema_status_info_telemetry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let conf = AgentConf::new(tmp.path(), broker.port);
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let jpeg = small_jpeg("horses.jpg", 96);
+    let names = drop_images(&conf.input, 0, 500, &jpeg);
+    wait_until(T, "500 detections", || col.detections().len() >= 500);
+    wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == 500);
+    std::thread::sleep(Duration::from_millis(300));
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(dets.len(), 500, "exactly one message per image");
+    check_seq(&dets, 500);
+    let seen: BTreeSet<String> = dets.iter().map(image_name).collect();
+    assert_eq!(seen, names.iter().cloned().collect::<BTreeSet<_>>());
+    assert_eq!(files_in(&conf.input), Vec::<String>::new(), "input folder drained");
+    assert_eq!(files_in(&conf.input.join("done")), names);
+    // one image, in order per source: seq follows file name order
+    let order: Vec<String> = dets.iter().map(image_name).collect();
+    assert_eq!(order, names);
+
+    // telemetry: on time, counters only grow
+    let tel: Vec<_> = col.on("/telemetry");
+    assert!(tel.len() >= 2, "telemetry messages: {}", tel.len());
+    for w in tel.windows(2) {
+        let dt = w[1].at.duration_since(w[0].at).as_secs_f64();
+        assert!((0.5..=2.5).contains(&dt), "telemetry interval {dt}s for interval_s = 1");
+        let (a, b) = (w[0].json(), w[1].json());
+        for k in ["ok", "failed", "in", "batches"] {
+            assert!(b["frames"][k].as_u64() >= a["frames"][k].as_u64(), "frames.{k} went down");
+        }
+        assert!(b["uptime_s"].as_f64() > a["uptime_s"].as_f64());
+    }
+    let last = tel.last().unwrap().json();
+    for k in ["decode", "infer", "post"] {
+        assert!(last["latency_ms"][k]["p99"].as_f64().unwrap() >= last["latency_ms"][k]["p50"].as_f64().unwrap());
+    }
+    assert!(last["process_memory"]["rss"].as_u64().unwrap() > 0);
+    assert!(last["device_memory"]["total"].as_u64().unwrap() > 0);
+    assert_eq!(last["batch"]["startup"], 4);
+
+    // retained status and info, seen by a late subscriber
+    let late = Collector::start(broker.port, "yolo-edge/box-1/+", ClientOpts::default());
+    wait_until(Duration::from_secs(10), "retained status+info", || late.on("/status").len() == 1 && late.on("/info").len() == 1);
+    let st = &late.on("/status")[0];
+    assert!(st.retain && st.text() == "online");
+    let info = late.on("/info")[0].json();
+    assert!(late.on("/info")[0].retain);
+    assert_eq!(info["model"]["classes"], serde_json::json!(["ball"]));
+    assert_eq!(info["model"]["sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(info["device"], "cpu");
+    assert_eq!(info["dtype"], "f32");
+    assert_eq!(info["batch_plan"]["startup"], 4);
+    assert_eq!(info["config_sha256"].as_str().unwrap().len(), 64);
+
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0), "exit code; log:\n{}", agent.log());
+    wait_until(Duration::from_secs(10), "offline", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+}
+
+#[test]
+fn broker_killed_and_restarted_twice_during_2000_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(mut broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts { id: "restart-sub".into(), persistent: true, ..Default::default() });
+    let conf = AgentConf::new(tmp.path(), broker.port);
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let jpeg = small_jpeg("horses.jpg", 64);
+    let names = drop_images(&conf.input, 0, 2000, &jpeg);
+    for (round, at) in [(1, 400usize), (2, 1100)] {
+        wait_until(Duration::from_secs(240), "progress before broker stop", || col.detections().len() >= at);
+        broker.stop();
+        // the agent keeps processing into its spool meanwhile
+        let done_before = files_in(&conf.input.join("done")).len();
+        wait_until(T, "files move to done/ while the broker is down (spooled)", || files_in(&conf.input.join("done")).len() >= done_before + 50);
+        broker.restart();
+        eprintln!("broker restart {round} done");
+    }
+    wait_until(Duration::from_secs(300), "2000 distinct detections", || {
+        col.detections().iter().map(|m| m.json()["seq"].as_u64().unwrap()).collect::<BTreeSet<_>>().len() >= 2000
+    });
+    wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == 2000);
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    check_seq(&dets, 2000);
+    let seen: BTreeSet<String> = dets.iter().map(image_name).collect();
+    assert_eq!(seen.len(), 2000);
+    assert_eq!(files_in(&conf.input.join("done")), names);
+    wait_until(T, "spool empty", || std::fs::read_dir(&conf.spool).unwrap().count() == 0);
+    let tel = col.on("/telemetry").last().unwrap().json();
+    assert!(tel["mqtt"]["reconnects"].as_u64().unwrap() >= 2, "{tel}");
+    assert!(tel["mqtt"]["spooled_total"].as_u64().unwrap() >= 100, "{tel}");
+    eprintln!("duplicates delivered: {}", dets.len() - 2000);
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn sigterm_mid_run_loses_nothing_and_publishes_offline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let conf = AgentConf::new(tmp.path(), broker.port);
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let names = drop_images(&conf.input, 0, 400, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "some detections", || col.detections().len() >= 60);
+    let t = Instant::now();
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0), "log:\n{}", agent.log());
+    assert!(t.elapsed() < Duration::from_secs(20), "exit within grace");
+    wait_until(Duration::from_secs(10), "offline", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+    std::thread::sleep(Duration::from_millis(300));
+    let left = files_in(&conf.input);
+    let done = files_in(&conf.input.join("done"));
+    assert!(!left.is_empty(), "SIGTERM came before the end of the run");
+    let all: BTreeSet<String> = left.iter().chain(done.iter()).cloned().collect();
+    assert_eq!(all.len(), left.len() + done.len(), "a file is in one place only");
+    assert_eq!(all, names.iter().cloned().collect(), "no file lost");
+    let published: BTreeSet<String> = col.detections().iter().map(|m| image_name(&m.json())).collect();
+    let spooled = std::fs::read_dir(&conf.spool).map(|d| d.count()).unwrap_or(0);
+    for f in &done {
+        assert!(published.contains(f) || spooled > 0, "{f} in done/ but neither published nor spooled");
+    }
+    assert_eq!(published.len() + spooled, done.len(), "every done file is published or spooled");
+}
+
+#[test]
+fn sigkill_mid_run_then_restart_every_file_done_once_and_published() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let conf = AgentConf::new(tmp.path(), broker.port);
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let names = drop_images(&conf.input, 0, 400, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "some detections", || col.detections().len() >= 80);
+    agent.signal(libc::SIGKILL);
+    assert_eq!(agent.wait(Duration::from_secs(10)), None, "killed by signal");
+    wait_until(Duration::from_secs(10), "LWT offline", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+    assert!(!files_in(&conf.input).is_empty(), "killed before the end of the run");
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() >= 400);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(files_in(&conf.input.join("done")), names, "every file exactly once in done/");
+    wait_until(T, "every image published at least once", || {
+        col.detections().iter().map(|m| image_name(&m.json())).collect::<BTreeSet<_>>().len() == 400
+    });
+    let boots: BTreeSet<String> = col.detections().iter().map(|m| m.json()["boot_id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(boots.len(), 2, "two boots");
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn config_field_updates_valid_invalid_and_model_swap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let m1 = tmp.path().join("m1.pt");
+    let m2 = tmp.path().join("m2.pt");
+    std::fs::copy(fixture("yolov9t-ball.pt"), &m1).unwrap();
+    std::fs::copy(fixture("yolov9t-ball.pt"), &m2).unwrap();
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.model = m1.clone();
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "info", || !col.on("/info").is_empty());
+    let sha0 = col.on("/info").last().unwrap().json()["config_sha256"].as_str().unwrap().to_string();
+
+    // valid edit: thresholds + telemetry interval, applied live
+    conf.conf = 0.6;
+    conf.telemetry_s = 0.5;
+    conf.write(&cfg);
+    wait_until(T, "config_applied", || !col.events("config_applied").is_empty());
+    let ev = &col.events("config_applied")[0];
+    let changed: Vec<&str> = ev["changed"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert!(changed.contains(&"model.thresholds") && changed.contains(&"telemetry"), "{ev}");
+    wait_until(T, "info republished with the new config", || col.on("/info").last().unwrap().json()["config_sha256"] != sha0.as_str());
+
+    // invalid edit: rejected with file/line/key, old config keeps running
+    let good = conf.toml();
+    write_atomic(&cfg, &good.replace("conf = 0.6", "conf = 7.5"));
+    wait_until(T, "config_rejected", || !col.events("config_rejected").is_empty());
+    let rej = &col.events("config_rejected")[0];
+    let err = rej["error"].as_str().unwrap();
+    assert!(err.contains("agent.toml:") && err.contains("model.conf") && err.contains("out of range"), "{err}");
+    assert!(agent.alive());
+
+    // model swap while images flow: no frame dropped
+    let names = drop_images(&conf.input, 0, 300, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "first detections", || col.detections().len() >= 40);
+    conf.model = m2.clone();
+    conf.write(&cfg);
+    wait_until(T, "model_reloaded", || !col.events("model_reloaded").is_empty());
+    let rl = &col.events("model_reloaded")[0];
+    assert!(rl["path"].as_str().unwrap().ends_with("m2.pt"), "{rl}");
+    wait_until(T, "300 detections", || col.detections().len() >= 300);
+    wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == 300);
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    check_seq(&dets, 300);
+    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names);
+    wait_until(T, "info names the new model", || col.on("/info").last().unwrap().json()["model"]["path"].as_str().unwrap().ends_with("m2.pt"));
+    // a broken model path is rejected and the running model stays
+    write_atomic(&cfg, &conf.toml().replace("m2.pt", "missing.pt"));
+    wait_until(T, "second config_rejected", || col.events("config_rejected").len() >= 2);
+    drop_images(&conf.input, 300, 5, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "agent still detects", || col.detections().len() >= 305);
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+/// CA + server certificate for 127.0.0.1/localhost, written as PEM files; returns the CA PEM.
+fn make_certs(dir: &std::path::Path) -> Vec<u8> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "yolo-edge test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, "localhost");
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+    ca.pem().into_bytes()
+}
+
+#[test]
+fn tls_username_password_acl_wrong_credentials_refused_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bdir = tmp.path().join("broker");
+    std::fs::create_dir_all(&bdir).unwrap();
+    if mosquitto().is_none() {
+        return;
+    }
+    let ca = make_certs(&bdir);
+    let pw = bdir.join("passwd");
+    std::fs::write(&pw, "").unwrap();
+    for (u, p) in [("box-1", "s3cret"), ("reader", "r3ad")] {
+        let st = std::process::Command::new("mosquitto_passwd").arg("-b").arg(&pw).arg(u).arg(p).status().expect("mosquitto_passwd (mosquitto package)");
+        assert!(st.success());
+    }
+    let acl = bdir.join("acl");
+    std::fs::write(&acl, "user box-1\ntopic write yolo-edge/box-1/#\ntopic read cameras/#\n\nuser reader\ntopic read #\ntopic write cameras/#\n").unwrap();
+    let extra = format!(
+        "allow_anonymous false\npassword_file {}\nacl_file {}\ncafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\n",
+        pw.display(),
+        acl.display(),
+        d = bdir.display()
+    );
+    let Some(broker) = Broker::start(&bdir, &extra) else { return };
+    let reader = ClientOpts { username: Some(("reader".into(), "r3ad".into())), ca: Some(ca.clone()), ..Default::default() };
+    let col = Collector::start(broker.port, "#", reader);
+
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    let secret = tmp.path().join("mqtt-password");
+    std::fs::write(&secret, "wrong\n").unwrap();
+    conf.mqtt_extra = format!("protocol = \"v5\"\nusername = \"box-1\"\npassword_file = \"{}\"\n[mqtt.tls]\nca = \"{}/ca.pem\"\n", secret.display(), bdir.display());
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    drop_images(&conf.input, 0, 20, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "refusal reported in the log", || agent.log().contains("authentication failed"));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(agent.alive());
+    assert!(col.snapshot().iter().all(|m| !m.topic.starts_with("yolo-edge/")), "nothing published with wrong credentials");
+    // nobody can publish anonymously
+    let anon = rumqttc::MqttOptions::new("anon", "127.0.0.1", broker.port);
+    let mut anon = anon;
+    anon.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Simple { ca: ca.clone(), alpn: None, client_auth: None }));
+    let (_c, mut conn) = rumqttc::Client::new(anon, 10);
+    let refused = conn.iter().take(3).any(|e| matches!(e, Err(rumqttc::ConnectionError::ConnectionRefused(_))));
+    assert!(refused, "anonymous connection must be refused");
+
+    // fix the password file and touch the config: the agent reconnects with it, over TLS
+    std::fs::write(&secret, "s3cret\n").unwrap();
+    write_atomic(&cfg, &format!("{}\n# password rotated\n", conf.toml()));
+    wait_until(T, "20 detections over TLS", || col.detections().len() >= 20);
+    wait_until(T, "mqtt_refused event delivered once connected", || !col.events("mqtt_refused").is_empty());
+    assert_eq!(col.events("mqtt_refused")[0]["auth"], true);
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    check_seq(&dets, 20);
+    assert!(col.on("/status").iter().any(|m| m.text() == "online"));
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn bad_inputs_are_counted_reported_and_moved_to_failed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.extra = "[input]\nmax_bytes = 200000\nmax_side = 2000\n\n[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n".into();
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let good = small_jpeg("horses.jpg", 96);
+    let dir = &conf.input;
+    std::fs::write(dir.join("a-empty.jpg"), b"").unwrap();
+    std::fs::write(dir.join("b-corrupt.jpg"), &good[..good.len() / 3]).unwrap();
+    std::fs::write(dir.join("c-text.jpg"), b"this is not an image at all").unwrap();
+    std::fs::write(dir.join("d-oversized.bin"), vec![0xffu8; 300_000]).unwrap();
+    // a PNG whose header claims 30000x30000 pixels
+    let mut huge = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut huge).write_image(&[0u8; 3], 1, 1, image::ExtendedColorType::Rgb8).unwrap();
+    huge[16..20].copy_from_slice(&30000u32.to_be_bytes());
+    huge[20..24].copy_from_slice(&30000u32.to_be_bytes());
+    std::fs::write(dir.join("e-bomb.png"), &huge).unwrap();
+    drop_images(dir, 0, 2, &good);
+    col.publish("cameras/door/jpeg", b"garbage payload".to_vec());
+    col.publish("cameras/door/jpeg", Vec::new());
+    col.publish("cameras/door/jpeg", good.clone());
+    let bad = ["a-empty.jpg", "b-corrupt.jpg", "c-text.jpg", "d-oversized.bin", "e-bomb.png"];
+    wait_until(T, "bad files in failed/", || bad.iter().all(|b| conf.input.join("failed").join(b).exists()));
+    wait_until(T, "good ones detected", || col.detections().len() >= 3);
+    wait_until(T, "input_rejected events", || col.events("input_rejected").len() >= 7);
+    for b in bad {
+        let reason = std::fs::read_to_string(conf.input.join("failed").join(format!("{b}.reason.txt"))).unwrap();
+        assert!(!reason.trim().is_empty());
+    }
+    let rej = col.events("input_rejected");
+    let reasons: Vec<String> = rej.iter().map(|e| e["reason"].as_str().unwrap().to_string()).collect();
+    assert!(reasons.iter().any(|r| r.contains("empty")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("limit")), "{reasons:?}");
+    assert!(rej.iter().any(|e| e["source"] == "door" && e["image"]["id"].is_string()), "{rej:?}");
+    let door: Vec<_> = col.detections().into_iter().filter(|m| m.topic.ends_with("/detections/door")).collect();
+    assert_eq!(door.len(), 1);
+    check_detection(&door[0], "box-1");
+    assert_eq!(files_in(&conf.input.join("done")).len(), 2);
+
+    // the folder disappears and comes back
+    std::fs::rename(&conf.input, tmp.path().join("moved-away")).unwrap();
+    wait_until(T, "source_error event", || !col.events("source_error").is_empty());
+    std::fs::create_dir_all(&conf.input).unwrap();
+    wait_until(T, "source_recovered event", || !col.events("source_recovered").is_empty());
+    drop_images(&conf.input, 10, 1, &good);
+    wait_until(T, "agent keeps running", || col.detections().len() >= 4);
+    wait_until(T, "telemetry counts failures", || {
+        col.on("/telemetry").last().is_some_and(|m| m.json()["frames"]["failed"].as_u64().unwrap() >= 7)
+    });
+    assert!(agent.alive());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.batch = 8;
+    conf.max_wait_ms = 500;
+    conf.quiet_s = 0.3;
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[("YOLO_EDGE_INJECT_OOM", "batch>=4;until=120")]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let names = drop_images(&conf.input, 0, 300, &small_jpeg("horses.jpg", 64));
+    wait_until(T, "300 detections", || col.detections().len() >= 300);
+    wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == 300);
+    std::thread::sleep(Duration::from_millis(300));
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(dets.len(), 300, "every frame exactly once");
+    check_seq(&dets, 300);
+    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "in order");
+    let sizes: Vec<u64> = dets.iter().map(|v| v["batch_size"].as_u64().unwrap()).collect();
+    let first8 = sizes.iter().position(|&b| b == 8);
+    let first2 = sizes.iter().position(|&b| b == 2).expect("batches of 2 after the fallback");
+    assert!(sizes[..first2].iter().all(|&b| b < 4), "no batch >= 4 succeeded while injecting: {sizes:?}");
+    assert!(first8.is_some_and(|i| i > first2), "recovered to batch 8 after the injector stopped: {sizes:?}");
+    let ooms = col.events("oom_fallback");
+    assert!(ooms.iter().any(|e| e["batch"] == 8) && ooms.iter().any(|e| e["batch"] == 4), "{ooms:?}");
+    let changes: Vec<(u64, u64)> = col.events("batch_change").iter().map(|e| (e["from"].as_u64().unwrap(), e["to"].as_u64().unwrap())).collect();
+    assert!(changes.contains(&(8, 4)) && changes.contains(&(4, 2)), "halving: {changes:?}");
+    assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 8)), "recovery one step at a time: {changes:?}");
+    let tel = col.on("/telemetry");
+    assert!(tel.last().unwrap().json()["batch"]["oom_fallbacks"].as_u64().unwrap() >= 2);
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+/// Throughput of the agent (hot folder -> MQTT, CPU, batch 4) beside the model alone on the
+/// same pictures. Run: `cargo test --release --test agent -- --ignored bench_agent --nocapture`
+/// (env BENCH_N images, default 400; BENCH_IMGSZ, default 640).
+#[test]
+#[ignore]
+fn bench_agent_vs_model_only() {
+    use yolo_edge::detector::Detector;
+    let n: usize = std::env::var("BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
+    let imgsz: usize = std::env::var("BENCH_IMGSZ").ok().and_then(|v| v.parse().ok()).unwrap_or(640);
+    let jpeg = small_jpeg("horses.jpg", 640);
+    // model only: letterboxed frames, batches of 4
+    let det = Detector::load(&fixture("yolov9t-ball.pt"), &candle_core::Device::Cpu, candle_core::DType::F32, Some(imgsz)).unwrap();
+    let img = yolo_edge::preprocess::decode_image(&jpeg, &Default::default()).unwrap();
+    let lb = yolo_edge::preprocess::letterbox(&img, imgsz as u32);
+    let th = yolo_edge::postprocess::Thresholds::default();
+    let batch: Vec<_> = (0..4).map(|_| &lb).collect();
+    det.detect(&batch, &th).unwrap();
+    let t = Instant::now();
+    for _ in 0..n / 4 {
+        det.detect(&batch, &th).unwrap();
+    }
+    let model_fps = (n / 4 * 4) as f64 / t.elapsed().as_secs_f64();
+    drop(det);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let conf = AgentConf::new(tmp.path(), broker.port);
+    let cfg = tmp.path().join("agent.toml");
+    std::fs::write(&cfg, conf.toml().replace("imgsz = 160", &format!("imgsz = {imgsz}")).replace("max_wait_ms = 20", "max_wait_ms = 50")).unwrap();
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    // stage the files first, then move them in at once
+    let stage = tmp.path().join("stage");
+    std::fs::create_dir_all(&stage).unwrap();
+    let names = drop_images(&stage, 0, n, &jpeg);
+    let t = Instant::now();
+    for f in &names {
+        std::fs::rename(stage.join(f), conf.input.join(f)).unwrap();
+    }
+    wait_until(Duration::from_secs(3600), "all detections", || col.detections().len() >= n);
+    let agent_fps = n as f64 / t.elapsed().as_secs_f64();
+    let overhead = (1.0 - agent_fps / model_fps) * 100.0;
+    println!("| imgsz | batch | model-only (img/s) | agent hot folder -> MQTT (img/s) | overhead |");
+    println!("| {imgsz} | 4 | {model_fps:.2} | {agent_fps:.2} | {overhead:.1}% |");
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(60)), Some(0));
+}

@@ -1,0 +1,446 @@
+//! Helpers for the agent integration tests: a real Mosquitto broker on a free port, an MQTT
+//! subscriber that records every message, the agent binary as a child process, test images.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    manifest().join("../shared/fixtures").join(name)
+}
+
+/// Finds mosquitto; without it the test is skipped locally and FAILS under CI=true.
+pub fn mosquitto() -> Option<PathBuf> {
+    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"] {
+        if Path::new(p).exists() {
+            return Some(PathBuf::from(p));
+        }
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("mosquitto is not installed (apt-get install -y mosquitto mosquitto-clients); required under CI=true");
+    }
+    eprintln!("SKIPPED: mosquitto is not installed");
+    None
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `f` every 20 ms until it is true or `timeout` passes.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        if t.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A Mosquitto broker owned by the test (stopped on drop).
+pub struct Broker {
+    pub port: u16,
+    pub dir: PathBuf,
+    conf: PathBuf,
+    child: Option<Child>,
+}
+
+impl Broker {
+    /// `extra` is appended to the listener configuration (auth, TLS...).
+    pub fn start(dir: &Path, extra: &str) -> Option<Broker> {
+        let bin = mosquitto()?;
+        let port = free_port();
+        std::fs::create_dir_all(dir).unwrap();
+        let conf = dir.join("mosquitto.conf");
+        let body = format!(
+            "listener {port} 127.0.0.1\npersistence true\npersistence_location {}/\nautosave_interval 1\nlog_dest file {}/mosquitto.log\nlog_type error\nlog_type warning\nlog_type notice\nmax_queued_messages 0\nmax_inflight_messages 0\n{}\n",
+            dir.display(),
+            dir.display(),
+            if extra.is_empty() { "allow_anonymous true" } else { extra }
+        );
+        std::fs::write(&conf, body).unwrap();
+        let _ = bin;
+        let mut b = Broker { port, dir: dir.to_path_buf(), conf, child: None };
+        b.restart();
+        Some(b)
+    }
+
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none());
+        let bin = mosquitto().unwrap();
+        let child = Command::new(bin).arg("-c").arg(&self.conf).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(Duration::from_secs(10), "mosquitto listening", || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    }
+
+    /// Stops the broker with SIGTERM (it saves its persistent sessions) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub retain: bool,
+    pub at: Instant,
+}
+
+impl Message {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.payload).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {}", self.topic, String::from_utf8_lossy(&self.payload)))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.payload).into_owned()
+    }
+}
+
+/// Options of a test MQTT client.
+#[derive(Clone, Default)]
+pub struct ClientOpts {
+    pub id: String,
+    pub username: Option<(String, String)>,
+    pub ca: Option<Vec<u8>>,
+    /// Keep the session (and its QoS 1 queue) across broker restarts.
+    pub persistent: bool,
+}
+
+/// A subscriber recording every message (reconnects by itself).
+pub struct Collector {
+    pub messages: Arc<Mutex<Vec<Message>>>,
+    stop: Arc<AtomicBool>,
+    connected: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    client: rumqttc::Client,
+}
+
+impl Collector {
+    pub fn start(port: u16, filter: &str, o: ClientOpts) -> Collector {
+        let mut opts = rumqttc::MqttOptions::new(if o.id.is_empty() { format!("collector-{}", free_port()) } else { o.id.clone() }, "127.0.0.1", port);
+        opts.set_clean_session(!o.persistent).set_keep_alive(Duration::from_secs(5)).set_max_packet_size(64 << 20, 64 << 20);
+        if let Some((u, p)) = &o.username {
+            opts.set_credentials(u, p);
+        }
+        if let Some(ca) = &o.ca {
+            opts.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Simple { ca: ca.clone(), alpn: None, client_auth: None }));
+        }
+        let (client, mut conn) = rumqttc::Client::new(opts, 1000);
+        let messages = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let connected = Arc::new(AtomicBool::new(false));
+        let (m, s, c2, cl, f) = (messages.clone(), stop.clone(), connected.clone(), client.clone(), filter.to_string());
+        let thread = std::thread::spawn(move || {
+            for ev in conn.iter() {
+                if s.load(Ordering::Relaxed) {
+                    break;
+                }
+                match ev {
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
+                        let _ = cl.try_subscribe(f.clone(), rumqttc::QoS::AtLeastOnce);
+                    }
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => c2.store(true, Ordering::Relaxed),
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                        m.lock().unwrap().push(Message { topic: p.topic.clone(), payload: p.payload.to_vec(), retain: p.retain, at: Instant::now() });
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        c2.store(false, Ordering::Relaxed);
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+        });
+        let col = Collector { messages, stop, connected, thread: Some(thread), client };
+        let c = col.connected.clone();
+        wait_until(Duration::from_secs(10), "collector subscribed", || c.load(Ordering::Relaxed));
+        col
+    }
+
+    pub fn snapshot(&self) -> Vec<Message> {
+        self.messages.lock().unwrap().clone()
+    }
+
+    pub fn on(&self, topic_suffix: &str) -> Vec<Message> {
+        self.snapshot().into_iter().filter(|m| m.topic.ends_with(topic_suffix)).collect()
+    }
+
+    pub fn detections(&self) -> Vec<Message> {
+        self.snapshot().into_iter().filter(|m| m.topic.contains("/detections/")).collect()
+    }
+
+    pub fn events(&self, kind: &str) -> Vec<serde_json::Value> {
+        self.on("/events").iter().map(|m| m.json()).filter(|v| v["type"] == kind).collect()
+    }
+
+    /// Publishes a message (for the MQTT image source).
+    pub fn publish(&self, topic: &str, payload: Vec<u8>) {
+        self.client.publish(topic, rumqttc::QoS::AtLeastOnce, false, payload).unwrap();
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.client.try_disconnect();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A small JPEG made from a fixture photo (decoded and re-encoded at `w` px wide).
+pub fn small_jpeg(name: &str, w: u32) -> Vec<u8> {
+    let img = image::open(fixture(name)).unwrap().to_rgb8();
+    let h = (img.height() as u64 * w as u64 / img.width() as u64).max(1) as u32;
+    let small = image::imageops::resize(&img, w, h, image::imageops::FilterType::Triangle);
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85).encode_image(&small).unwrap();
+    out
+}
+
+/// Writes `n` images named `img-00000.jpg`... into `dir`, each renamed into place.
+pub fn drop_images(dir: &Path, start: usize, n: usize, bytes: &[u8]) -> Vec<String> {
+    (start..start + n)
+        .map(|i| {
+            let name = format!("img-{i:05}.jpg");
+            let tmp = dir.join(format!(".{name}.tmp"));
+            std::fs::File::create(&tmp).and_then(|mut f| f.write_all(bytes)).unwrap();
+            std::fs::rename(&tmp, dir.join(&name)).unwrap();
+            name
+        })
+        .collect()
+}
+
+pub fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| r.filter_map(|e| e.ok()).filter(|e| e.path().is_file()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The agent binary as a child process, logging to `dir/agent-N.log`.
+pub struct Agent {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    pub fn spawn(config: &Path, env: &[(&str, &str)]) -> Agent {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let log = config.with_file_name(format!("agent-{}.log", N.fetch_add(1, Ordering::Relaxed)));
+        let f = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_yolo-edge"));
+        cmd.arg("run").arg("--config").arg(config).env("RUST_LOG", "info,rumqttc=warn").env_remove("YOLO_EDGE_INJECT_OOM").stdout(Stdio::null()).stderr(f);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Agent { child: cmd.spawn().unwrap(), log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for the exit code (None: killed by a signal).
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            if t.elapsed() > timeout {
+                let _ = self.child.kill();
+                panic!("agent did not exit within {timeout:?}; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Settings of a test agent configuration.
+pub struct AgentConf {
+    pub port: u16,
+    pub device_id: String,
+    pub input: PathBuf,
+    pub spool: PathBuf,
+    pub model: PathBuf,
+    pub batch: usize,
+    pub max_wait_ms: u64,
+    pub conf: f64,
+    pub telemetry_s: f64,
+    pub quiet_s: f64,
+    pub grace_s: f64,
+    pub mqtt_extra: String,
+    pub extra: String,
+}
+
+impl AgentConf {
+    pub fn new(dir: &Path, port: u16) -> AgentConf {
+        let input = dir.join("in");
+        std::fs::create_dir_all(&input).unwrap();
+        AgentConf {
+            port,
+            device_id: "box-1".into(),
+            input,
+            spool: dir.join("spool"),
+            model: fixture("yolov9t-ball.pt"),
+            batch: 4,
+            max_wait_ms: 20,
+            conf: 0.25,
+            telemetry_s: 1.0,
+            quiet_s: 60.0,
+            grace_s: 20.0,
+            mqtt_extra: String::new(),
+            extra: String::new(),
+        }
+    }
+
+    pub fn toml(&self) -> String {
+        format!(
+            r#"[device]
+device = "cpu"
+imgsz = 160
+batch = {batch}
+max_batch = {batch}
+max_wait_ms = {wait}
+decode_threads = 2
+
+[model]
+path = "{model}"
+conf = {conf}
+
+[mqtt]
+host = "127.0.0.1"
+port = {port}
+device_id = "{id}"
+reconnect_min_ms = 100
+reconnect_max_ms = 1000
+keepalive_s = 5
+{mqtt_extra}
+
+[[sources]]
+type = "folder"
+id = "cam"
+path = "{input}"
+settle_ms = 50
+scan_interval_ms = 100
+
+[telemetry]
+interval_s = {tel}
+
+[spool]
+dir = "{spool}"
+max_bytes = "64MiB"
+
+[oom]
+quiet_period_s = {quiet}
+
+[shutdown]
+grace_s = {grace}
+
+{extra}
+"#,
+            batch = self.batch,
+            wait = self.max_wait_ms,
+            model = self.model.display(),
+            conf = self.conf,
+            port = self.port,
+            id = self.device_id,
+            mqtt_extra = self.mqtt_extra,
+            input = self.input.display(),
+            tel = self.telemetry_s,
+            spool = self.spool.display(),
+            quiet = self.quiet_s,
+            grace = self.grace_s,
+            extra = self.extra,
+        )
+    }
+
+    /// Writes the config atomically (write + rename), as an operator's tooling would.
+    pub fn write(&self, path: &Path) {
+        write_atomic(path, &self.toml());
+    }
+}
+
+pub fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Checks a detection message against the schema of issue 5; returns it parsed.
+pub fn check_detection(m: &Message, device_id: &str) -> serde_json::Value {
+    let v = m.json();
+    assert_eq!(v["v"], 1, "{v}");
+    assert_eq!(v["device_id"], device_id);
+    assert!(v["boot_id"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+    assert!(v["seq"].as_u64().is_some_and(|s| s >= 1), "{v}");
+    assert!(v["ts"].as_str().is_some_and(|s| s.ends_with('Z') && s.contains('T')), "{v}");
+    let src = v["source"].as_str().expect("source");
+    assert!(m.topic.ends_with(&format!("/detections/{src}")), "{} vs {src}", m.topic);
+    let img = &v["image"];
+    assert!(img["path"].is_string() || img["id"].is_string(), "{v}");
+    assert!(img["w"].as_u64().is_some_and(|w| w > 0) && img["h"].as_u64().is_some_and(|h| h > 0), "{v}");
+    assert!(v["model"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+    assert!(v["batch_size"].as_u64().is_some_and(|b| b >= 1), "{v}");
+    for k in ["decode", "infer", "post"] {
+        assert!(v["latency_ms"][k].as_f64().is_some_and(|x| x >= 0.0), "{v}");
+    }
+    for d in v["detections"].as_array().expect("detections") {
+        assert!(d["class_id"].is_u64() && d["label"].is_string() && d["confidence"].is_f64(), "{d}");
+        assert_eq!(d["box"].as_array().map(|b| b.len()), Some(4), "{d}");
+    }
+    v
+}
+
+/// The `image.path` file name of a detection.
+pub fn image_name(v: &serde_json::Value) -> String {
+    Path::new(v["image"]["path"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned()
+}
