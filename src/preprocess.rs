@@ -57,6 +57,10 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
     let format = reader.format().ok_or(ImageError::UnknownFormat)?;
     let fmt_name = format!("{format:?}").to_uppercase();
     let corrupt = |e: image::ImageError| ImageError::Corrupt { format: fmt_name.clone(), reason: e.to_string() };
+    if format == image::ImageFormat::Jpeg && !jpeg_is_complete(bytes) {
+        // decoders fill a cut-off scan with grey and succeed; a half-written upload is not a picture
+        return Err(ImageError::Corrupt { format: fmt_name, reason: "truncated: no end-of-image marker after the last scan".into() });
+    }
     let mut decoder = reader.into_decoder().map_err(corrupt)?;
     let (width, height) = decoder.dimensions();
     if width == 0
@@ -76,6 +80,13 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
     let mut img = image::DynamicImage::from_decoder(decoder).map_err(corrupt)?;
     img.apply_orientation(orientation);
     Ok(img.into_rgb8())
+}
+
+/// True when an end-of-image marker follows the last start-of-scan marker. Entropy-coded data
+/// stuffs every 0xFF with 0x00, so neither marker can appear inside a scan by chance.
+fn jpeg_is_complete(b: &[u8]) -> bool {
+    let last = |m: u8| b.windows(2).rposition(|w| w[0] == 0xFF && w[1] == m);
+    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
 /// Reads and decodes an image file.
@@ -244,6 +255,17 @@ mod tests {
         for (v, e) in b.iter().zip([0.0, 0.0, 1920.0, 1080.0]) {
             assert!((v - e).abs() < 1e-3, "{b:?}");
         }
+    }
+
+    #[test]
+    fn truncated_jpeg_is_refused() {
+        let mut buf = Vec::new();
+        let img = RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8 * 3, y as u8 * 5, 7]));
+        image::codecs::jpeg::JpegEncoder::new(&mut buf).encode_image(&img).unwrap();
+        assert!(decode_image(&buf, &DecodeLimits::default()).is_ok());
+        let cut = &buf[..buf.len() * 2 / 3];
+        let e = decode_image(cut, &DecodeLimits::default()).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
     }
 
     #[test]

@@ -127,11 +127,51 @@ impl Conv {
         let c_in = x.dim(1)?;
         let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 {
             depthwise(x, &self.weight, k, self.padding)?
+        } else if self.groups == 1 && x.device().is_cpu() {
+            im2col_gemm(x, &self.weight, self.stride, self.padding)?
         } else {
             x.conv2d(&self.weight, self.padding, self.stride, 1, self.groups)?
         };
         count_macs(&self.weight, &y);
         Ok(y)
+    }
+}
+
+/// Convolution on the CPU as one im2col copy and one GEMM over the whole batch: candle's CPU
+/// conv re-lays out input and kernel on every call and tiles small GEMMs, several times slower.
+fn im2col_gemm(x: &Tensor, w: &Tensor, s: usize, p: usize) -> candle_core::Result<Tensor> {
+    let (b, c, h, wd) = x.dims4()?;
+    let (co, ci, k, _) = w.dims4()?;
+    let oh = (h + 2 * p - k) / s + 1;
+    let ow = (wd + 2 * p - k) / s + 1;
+    let wm = w.reshape((co, ci * k * k))?;
+    // channels first, so that the GEMM's N dimension covers every picture of the batch
+    let xc = x.transpose(0, 1)?; // (c, b, h, w)
+    let cols = if k == 1 && s == 1 && p == 0 {
+        xc.reshape((c, b * h * wd))?
+    } else {
+        // pad so that every tap can take `o * s` rows/columns, then subsample by the stride
+        let need_h = (k - 1) + oh * s;
+        let need_w = (k - 1) + ow * s;
+        let xp = xc.pad_with_zeros(2, p, need_h.saturating_sub(h + p))?.pad_with_zeros(3, p, need_w.saturating_sub(wd + p))?;
+        let wp = xp.dim(3)?;
+        let mut taps = Vec::with_capacity(k * k);
+        for i in 0..k {
+            let rows = xp.narrow(2, i, oh * s)?;
+            let rows = if s > 1 { rows.reshape((c, b, oh, s, wp))?.narrow(3, 0, 1)?.squeeze(3)? } else { rows };
+            for j in 0..k {
+                let t = rows.narrow(3, j, ow * s)?;
+                let t = if s > 1 { t.reshape((c, b, oh, ow, s))?.narrow(4, 0, 1)?.squeeze(4)? } else { t };
+                taps.push(t);
+            }
+        }
+        Tensor::stack(&taps, 1)?.reshape((c * k * k, b * oh * ow))?
+    };
+    let y = wm.matmul(&cols)?.reshape((co, b, oh, ow))?;
+    if b == 1 {
+        y.reshape((1, co, oh, ow))
+    } else {
+        y.transpose(0, 1)?.contiguous()
     }
 }
 
