@@ -146,7 +146,7 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), ReportError> 
         c.configure_mesh().x_desc("batch").y_desc(if is_mem { "MiB" } else { "images / s" }).x_label_formatter(&|v| format!("{v:.0}")).draw().map_err(|e| cerr(&e))?;
         for (i, (name, rs)) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let pts: Vec<(f64, f64)> = rs.iter().filter(ok).filter_map(|r| Some((r.batch as f64, if is_mem { r.peak_mib? } else { r.images_per_s? }))).collect();
+            let pts: Vec<(f64, f64)> = rs.iter().filter(|r| r.status == Status::Ok).filter_map(|r| Some((r.batch as f64, if is_mem { r.peak_mib? } else { r.images_per_s? }))).collect();
             let style = ShapeStyle { color, filled: true, stroke_width: 2 };
             c.draw_series(LineSeries::new(pts.clone(), style))
                 .map_err(|e| cerr(&e))?

@@ -10,7 +10,7 @@
 //! is this process's allocator high-water mark, the budget the device's free memory), and
 //! returning a batch at or above one that failed.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use serde::Serialize;
 
 use crate::detector::Detector;
@@ -227,7 +227,7 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
     )];
     let mut points: Vec<(usize, u64)> = Vec::new();
     let mut failed_at: Option<usize> = None;
-    let mut record = |steps: &mut Vec<Step>, batch, purpose, predicted, r: &Result<u64, ProbeError>, fits: bool| {
+    let record = |steps: &mut Vec<Step>, batch, purpose, predicted, r: &Result<u64, ProbeError>, fits: bool| {
         steps.push(Step {
             batch,
             purpose,
@@ -381,22 +381,25 @@ impl<'a> DetectorProber<'a> {
         let cand = |e: candle_core::Error| if devmem::is_oom(&e) { ProbeError::Oom(e.to_string().lines().next().unwrap_or("").to_string()) } else { ProbeError::Other(e.to_string()) };
         let s = self.det.imgsz();
         let dev = self.det.device();
-        let base = self.meter.usage().map_err(other)?.used;
-        self.meter.reset().map_err(other)?;
         let r = (|| {
+            // the input batch counts, its f32 staging does not
             let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), dev)?.to_dtype(self.det.dtype())?;
-            let x = if self.det.dtype() == DType::F32 { x } else { x.contiguous()? };
+            let input_bytes = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
+            let base = self.meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
+            self.meter.reset().map_err(candle_core::Error::wrap)?;
             let y = self.det.model().forward(&x)?;
             dev.synchronize()?;
             drop(y);
-            Ok(())
+            Ok(base)
         })();
-        let u = self.meter.usage().map_err(other);
-        if let Err(e) = r {
-            let _ = self.meter.trim();
-            return Err(cand(e));
-        }
-        Ok(u?.used_high.saturating_sub(base))
+        let base = match r {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = self.meter.trim();
+                return Err(cand(e));
+            }
+        };
+        Ok(self.meter.usage().map_err(other)?.used_high.saturating_sub(base))
     }
 }
 
@@ -565,7 +568,7 @@ mod tests {
     fn plans_a_real_model_on_the_cpu_within_a_small_limit() {
         use crate::model::{BuildOptions, Variant, YoloV9};
         let ck = crate::randweights::random_checkpoint(Variant::T, 0).unwrap();
-        let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(candle_core::Device::Cpu, DType::F32)).unwrap();
+        let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(candle_core::Device::Cpu, candle_core::DType::F32)).unwrap();
         let det = Detector::from_model(model, 64);
         let mut prober = DetectorProber::new(&det);
         let cfg = PlannerConfig { memory_limit: Some(256 << 20), max_batch: 64, ..Default::default() };

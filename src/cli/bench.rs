@@ -151,14 +151,17 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
     let mut row = Row { model: name.into(), dtype: device::dtype_name(det.dtype()).into(), mode: mode.into(), batch, status: Status::Ok, latency_ms: None, min_ms: None, max_ms: None, images_per_s: None, peak_mib: None, iters: 0, error: None };
     let iters = a.iters.min(512 / batch).max(3);
     let r = (|| -> candle_core::Result<(Vec<f64>, u64)> {
-        let base = meter.usage().map_err(candle_core::Error::wrap)?.used;
-        meter.reset().map_err(candle_core::Error::wrap)?;
         let s = det.imgsz();
-        let work = if mode == "model" {
-            Work::Model(Tensor::rand(0f32, 1f32, (batch, 3, s, s), det.device())?.to_dtype(det.dtype())?)
+        // the batch input counts (as in PyTorch's max_memory_allocated), its f32 staging does not
+        let (work, input_bytes) = if mode == "model" {
+            let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), det.device())?.to_dtype(det.dtype())?;
+            let n = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
+            (Work::Model(x), n)
         } else {
-            Work::E2e { files: images.iter().cycle().take(batch).collect(), th: Thresholds::default() }
+            (Work::E2e { files: images.iter().cycle().take(batch).collect(), th: Thresholds::default() }, 0)
         };
+        let base = meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
+        meter.reset().map_err(candle_core::Error::wrap)?;
         run_once(det, &work)?; // also the memory measurement
         let peak = meter.usage().map_err(candle_core::Error::wrap)?.used_high.saturating_sub(base);
         for _ in 1..a.warmup {
@@ -235,6 +238,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                     );
                     let stop = row.status == Status::Oom;
                     rows.push(row);
+                    // keep partial results if the run is cut short
+                    benchreport::write(&a.out.join("bench.csv"), &benchreport::csv(&rows))?;
                     if stop {
                         break; // larger batches would fail too
                     }
