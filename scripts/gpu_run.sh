@@ -14,7 +14,7 @@
 set -u
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 W="$OUT/work"; mkdir -p "$W"
-STEPS="${STEPS:-info startup parity bench torch plan}"
+STEPS="${STEPS:-info startup parity bench ab torch plan}"
 VARIANTS="${VARIANTS:-t,s,m,c,e}"
 BATCHES="${BATCHES:-1,8,32,64,128,256}"
 E2E_BATCHES="${E2E_BATCHES:-1,8,32,64}"
@@ -26,7 +26,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 BIN=/tmp/yolo-edge
 xz -dc dist/yolo-edge-cuda-sm90.xz > "$BIN" && chmod +x "$BIN"
-SP=$(python3 -c 'import site,sys; print([p for p in site.getsitepackages() if "site-packages" in p][0])')
+SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
 mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -72,6 +72,14 @@ if has bench; then
   timeout 240 "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$E2E_BATCHES" --mode e2e --images .dev/horses.jpg,.dev/volleyball-court.jpg --iters 10 --out "$W/bench-e2e" > "$W/bench-e2e.md" 2> "$W/bench-e2e.log"
   echo "rc=$?" >> "$W/bench-e2e.log"
   cat "$W/bench-e2e.md" >> "$SUM"
+fi
+
+if has ab; then
+  say "## A/B: 1x1 convolutions as one batched GEMM (YOLO_EDGE_CONV1X1=matmul) vs candle conv2d"
+  for m in conv matmul; do
+    YOLO_EDGE_CONV1X1=$m timeout 200 "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-s,c}" --dtype f16 --batches "${AB_BATCHES:-1,32,128}" --mode model --out "$W/ab-$m" > "$W/ab-$m.md" 2> "$W/ab-$m.log"
+    echo "conv1x1=$m" >> "$SUM"; cat "$W/ab-$m.md" >> "$SUM"
+  done
 fi
 
 if has torch; then
