@@ -5,3 +5,6 @@ pub mod model;
 pub mod postprocess;
 pub mod preprocess;
 pub mod weights;
+pub mod annotate;
+pub mod detector;
+pub mod device;

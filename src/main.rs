@@ -1,1 +1,28 @@
-fn main() {}
+//! `yolo-edge`: the command-line entry point (argument parsing, logging, exit codes).
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // `yolo-edge info m.pt | head` must end quietly, not panic on a closed pipe
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let args = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            let code = cli::exit_code_for(&e);
+            eprintln!("error: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}

@@ -175,9 +175,9 @@ fn linear_taps(dst_len: usize, src_len: usize, clamp_weight: bool) -> Vec<(usize
                     s = last;
                 }
             }
-            let w0 = ((1.0 - f) * COEF_SCALE).round() as i32;
-            let w1 = (COEF_SCALE as i32) - w0;
-            let w0 = w0.clamp(i16::MIN as i32, i16::MAX as i32);
+            // OpenCV's saturate_cast<short> rounds half to even
+            let w0 = ((1.0 - f) * COEF_SCALE).round_ties_even() as i32;
+            let w1 = (f * COEF_SCALE).round_ties_even() as i32;
             let s0 = s.clamp(0, last) as usize;
             let s1 = (s + 1).clamp(0, last) as usize;
             (s0, s1, w0, w1)

@@ -147,7 +147,8 @@ fn yolov9m() -> Vec<LayerSpec> {
         l(&[-1], Kind::Upsample),
         l(&[-1, 4], Kind::Concat),
         l(&[-1], rep_c(240, 1)),
-        l(&[-1], Kind::AConv { c2: 180 }),
+        // the YAML says 180; parse_model rounds every layer's c2 up to a multiple of 8
+        l(&[-1], Kind::AConv { c2: 184 }),
         l(&[-1, 12], Kind::Concat),
         l(&[-1], rep_c(360, 1)),
         l(&[-1], Kind::AConv { c2: 240 }),

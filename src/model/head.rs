@@ -150,8 +150,8 @@ impl Detect {
         let cxy = ((&x1y1 + &x2y2)? * 0.5)?;
         let wh = (x2y2 - x1y1)?;
         let dbox = Tensor::cat(&[cxy, wh], 1)?.broadcast_mul(&strides)?;
-        let scores = candle_nn::ops::sigmoid(&cls)?;
-        Tensor::cat(&[dbox, scores.to_dtype(dbox.dtype())?], 1)
+        let scores = candle_nn::ops::sigmoid(&cls)?.to_dtype(dbox.dtype())?;
+        Tensor::cat(&[dbox, scores], 1)
     }
 
     pub fn dtype(&self) -> DType {

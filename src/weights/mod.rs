@@ -10,7 +10,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use candle_core::{DType, Device, Shape, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use pickle::Value;
 
@@ -123,8 +123,9 @@ fn load_safetensors(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsErro
 
 fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| not_ckpt(path, format!("damaged zip archive ({e})")))?;
-    let pkl_name = (0..zip.len())
-        .filter_map(|i| zip.by_index_raw(i).ok().map(|f| f.name().to_string()))
+    let pkl_name = zip
+        .file_names()
+        .filter_map(|n| n.ok().map(|n| n.into_owned()))
         .find(|n| n.ends_with("data.pkl"))
         .ok_or_else(|| not_ckpt(path, "zip archive without data.pkl (not a torch.save file)"))?;
     let prefix = pkl_name.strip_suffix("data.pkl").unwrap_or("").to_string();

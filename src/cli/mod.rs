@@ -1,0 +1,122 @@
+//! Subcommands of the `yolo-edge` binary and the exit codes scripts can rely on.
+
+mod convert;
+mod detect;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use yolo_edge::{device, model, weights};
+
+/// Exit codes (documented in the README).
+pub mod exit {
+    /// Some inputs failed (the others were processed).
+    pub const PARTIAL: u8 = 3;
+    /// The model could not be loaded.
+    pub const MODEL: u8 = 4;
+    /// The device could not be opened.
+    pub const DEVICE: u8 = 5;
+    /// The configuration is invalid.
+    pub const CONFIG: u8 = 6;
+    /// Any other failure.
+    pub const OTHER: u8 = 1;
+}
+
+#[derive(Parser)]
+#[command(name = "yolo-edge", version, about = "YOLOv9 edge runtime on candle: detection, memory-aware batching, MQTT telemetry")]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Detect objects in image files.
+    Detect(detect::DetectArgs),
+    /// Describe a model: variant, head, classes, parameters, GFLOPs.
+    Info {
+        /// Checkpoint (.pt or .safetensors).
+        model: PathBuf,
+        /// Image size for the GFLOPs figure.
+        #[arg(long, default_value_t = 640)]
+        imgsz: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fold a checkpoint (BatchNorm, RepConv) into a safetensors file that loads fastest.
+    Convert(convert::ConvertArgs),
+    /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
+    Letterbox {
+        image: PathBuf,
+        #[arg(long, default_value_t = 640)]
+        imgsz: u32,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Detect(a) => detect::run(a),
+        Cmd::Convert(a) => convert::run(a),
+        Cmd::Info { model, imgsz, json } => info(&model, imgsz, json),
+        Cmd::Letterbox { image, imgsz, out } => letterbox(&image, imgsz, &out),
+    }
+}
+
+/// Maps an error chain to an exit code.
+pub fn exit_code_for(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.is::<device::DeviceError>() {
+            return exit::DEVICE;
+        }
+        if cause.is::<model::ModelError>() || cause.is::<weights::WeightsError>() {
+            return exit::MODEL;
+        }
+    }
+    exit::OTHER
+}
+
+fn info(path: &std::path::Path, imgsz: usize, json: bool) -> anyhow::Result<ExitCode> {
+    let ck = weights::Checkpoint::load(path)?;
+    let m = model::YoloV9::from_checkpoint(&ck, &model::BuildOptions::new(candle_core::Device::Cpu, candle_core::DType::F32))?;
+    let gflops = m.gflops(imgsz).context("computing GFLOPs")?;
+    let i = m.info();
+    if json {
+        let mut v = serde_json::to_value(i)?;
+        v["gflops"] = serde_json::json!(gflops);
+        v["gflops_imgsz"] = serde_json::json!(imgsz);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("model      {}", i.path);
+        println!("variant    {}", i.variant.name());
+        println!("head       {:?}", i.head);
+        println!("format     {:?}", i.source);
+        println!("classes    {} {:?}", i.nc, if i.names.len() > 10 { &i.names[..10] } else { &i.names[..] });
+        println!("strides    {:?}", i.strides);
+        println!("imgsz      {}", i.imgsz);
+        println!("parameters {} ({:.2} M)", i.parameters, i.parameters as f64 / 1e6);
+        println!("GFLOPs     {gflops:.1} at {imgsz}x{imgsz}");
+        println!("sha256     {}", i.sha256);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn letterbox(image: &std::path::Path, imgsz: u32, out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use yolo_edge::preprocess;
+    anyhow::ensure!(imgsz > 0 && imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
+    let img = preprocess::load_image(image, &preprocess::DecodeLimits::default()).with_context(|| format!("{}", image.display()))?;
+    let lb = preprocess::letterbox(&img, imgsz);
+    if out.extension().and_then(|e| e.to_str()) == Some("npy") {
+        let t = candle_core::Tensor::from_vec(lb.pixels, (imgsz as usize, imgsz as usize, 3), &candle_core::Device::Cpu)?;
+        t.write_npy(out)?;
+    } else {
+        image::RgbImage::from_raw(imgsz, imgsz, lb.pixels).context("letterbox buffer")?.save(out)?;
+    }
+    eprintln!("{} -> {} ({:?})", image.display(), out.display(), lb.geometry);
+    Ok(ExitCode::SUCCESS)
+}

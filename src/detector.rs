@@ -1,0 +1,105 @@
+//! The detector: a loaded model plus its batched pre/post-processing. Letterboxed u8 pixels
+//! are uploaded as they are and normalised on the device; only per-anchor best scores, classes
+//! and boxes come back to the host for NMS.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::{BuildOptions, ModelError, ModelInfo, YoloV9};
+use crate::postprocess::{self, Candidate, Detection, Thresholds};
+use crate::preprocess::Letterboxed;
+use crate::weights::Checkpoint;
+
+pub struct Detector {
+    model: YoloV9,
+    imgsz: usize,
+}
+
+impl Detector {
+    /// Loads a checkpoint (`.pt` or `.safetensors`) onto `device` in `dtype`.
+    pub fn load(path: &Path, device: &Device, dtype: DType, imgsz: Option<usize>) -> Result<Self, ModelError> {
+        let ck = Checkpoint::load(path)?;
+        let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(device.clone(), dtype))?;
+        let imgsz = imgsz.unwrap_or(model.info().imgsz);
+        if imgsz == 0 || imgsz % 32 != 0 {
+            return Err(ModelError::Architecture(format!("imgsz {imgsz} is not a positive multiple of 32")));
+        }
+        Ok(Self { model, imgsz })
+    }
+
+    pub fn from_model(model: YoloV9, imgsz: usize) -> Self {
+        Self { model, imgsz }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        self.model.info()
+    }
+    pub fn model(&self) -> &YoloV9 {
+        &self.model
+    }
+    pub fn imgsz(&self) -> usize {
+        self.imgsz
+    }
+    pub fn device(&self) -> &Device {
+        self.model.device()
+    }
+    pub fn dtype(&self) -> DType {
+        self.model.dtype()
+    }
+
+    /// Stacks letterboxed pictures into the normalised network input `(B, 3, S, S)` on the device.
+    pub fn input(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
+        let s = self.imgsz;
+        let mut bytes = Vec::with_capacity(batch.len() * s * s * 3);
+        for lb in batch {
+            if lb.geometry.size as usize != s {
+                candle_core::bail!("picture letterboxed to {}, model runs at {s}", lb.geometry.size);
+            }
+            bytes.extend_from_slice(&lb.pixels);
+        }
+        let x = Tensor::from_vec(bytes, (batch.len(), s, s, 3), &Device::Cpu)?.to_device(self.device())?;
+        // u8 -> dtype and /255 on the device, NHWC -> NCHW
+        x.to_dtype(self.dtype())?.permute((0, 3, 1, 2))?.contiguous()? / 255.0
+    }
+
+    /// The reference's raw output `(B, 4 + nc, anchors)` for a batch.
+    pub fn raw(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
+        self.model.forward(&self.input(batch)?)
+    }
+
+    /// Candidates above `conf` for every picture of a raw output (one device-to-host copy of
+    /// boxes, best score and class per anchor).
+    pub fn candidates(&self, raw: &Tensor, conf: f32) -> candle_core::Result<Vec<Vec<Candidate>>> {
+        let (b, no, a) = raw.dims3()?;
+        let nc = no - 4;
+        let scores = raw.narrow(1, 4, nc)?;
+        let best = scores.max_keepdim(1)?;
+        let cls = scores.argmax_keepdim(1)?.to_dtype(raw.dtype())?;
+        let packed = Tensor::cat(&[raw.narrow(1, 0, 4)?, best, cls], 1)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+        let v = packed.flatten_all()?.to_vec1::<f32>()?;
+        Ok((0..b)
+            .map(|i| {
+                let o = i * 6 * a;
+                (0..a)
+                    .filter(|&j| v[o + 4 * a + j] > conf)
+                    .map(|j| Candidate {
+                        xywh: [v[o + j], v[o + a + j], v[o + 2 * a + j], v[o + 3 * a + j]],
+                        score: v[o + 4 * a + j],
+                        class_id: v[o + 5 * a + j] as usize,
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Detections for a batch of letterboxed pictures, in each picture's original pixels.
+    pub fn detect(&self, batch: &[&Letterboxed], th: &Thresholds) -> candle_core::Result<Vec<Vec<Detection>>> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let raw = self.raw(batch)?;
+        let cands = self.candidates(&raw, th.conf)?;
+        Ok(cands.into_iter().zip(batch).map(|(c, lb)| postprocess::finish(c, th, &lb.geometry, &self.info().names)).collect())
+    }
+}

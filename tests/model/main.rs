@@ -1,0 +1,10 @@
+//! Model integration tests: parity with the reference (ultralytics) on seeded random weights for
+//! all five variants and on the real fixture checkpoint, checkpoint formats, and bad input.
+//! Goldens come from `scripts/make_goldens.py`; fixtures from `../shared/fixtures/`.
+
+mod bad_input;
+mod common;
+mod formats;
+mod parity;
+mod resize;
+mod seeded;
