@@ -5,16 +5,18 @@
 #
 # Usage (from the repo root; what it needs travels in git-ignored folders):
 #   dist/yolo-edge-cuda-sm90.xz   (scripts/build-cuda.sh 90)
-#   .dev/yolov9t-ball.pt .dev/horses.jpg .dev/volleyball-court.jpg .dev/bench_torch.py
+#   "$DEV"/yolov9t-ball.pt "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg "$DEV"/bench_torch.py
 #   .whl/ultralytics-8.4.190-*.whl .whl/ultralytics_thop-2.2.3-*.whl
 #   STEPS="info startup parity bench torch plan" OUT=/some/dir scripts/gpu_run.sh
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64)
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+DIST="${DIST:-dist}"; DEV="${DEV:-.dev}"; WHL="${WHL:-.whl}"
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 W="$OUT/work"; mkdir -p "$W"
-STEPS="${STEPS:-info startup parity bench ab torch plan}"
+STEPS="${STEPS:-info startup parity bench torch e2e ab plan}"
 VARIANTS="${VARIANTS:-t,s,m,c,e}"
 BATCHES="${BATCHES:-1,8,32,64,128,256}"
 E2E_BATCHES="${E2E_BATCHES:-1,8,32,64}"
@@ -25,11 +27,11 @@ say() { echo "$*" | tee -a "$SUM"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 BIN=/tmp/yolo-edge
-xz -dc dist/yolo-edge-cuda-sm90.xz > "$BIN" && chmod +x "$BIN"
+xz -dc "$DIST/yolo-edge-cuda-sm90.xz" > "$BIN" && chmod +x "$BIN"
 SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
-mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
+mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHL"/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
 export YOLO_CONFIG_DIR=/tmp/ultra-cfg
 
@@ -53,23 +55,27 @@ fi
 
 if has parity; then
   say "## parity (yolov9t-ball.pt, horses + volleyball-court)"
-  for i in horses volleyball-court; do "$BIN" letterbox ".dev/$i.jpg" --imgsz 640 --out "$W/lb-$i.npy" 2>>"$W/parity.log"; done
+  for i in horses volleyball-court; do "$BIN" letterbox ""$DEV"/$i.jpg" --imgsz 640 --out "$W/lb-$i.npy" 2>>"$W/parity.log"; done
   for dt in f32 f16; do
-    timeout 120 "$BIN" detect --model .dev/yolov9t-ball.pt --device cuda:0 --dtype $dt --batch 2 --raw-out "$W/raw-$dt.npy" --json "$W/dets-$dt.jsonl" .dev/horses.jpg .dev/volleyball-court.jpg >>"$W/parity.log" 2>&1
+    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --batch 2 --conf "${PARITY_CONF:-0.01}" --raw-out "$W/raw-$dt.npy" --json "$W/dets-$dt.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
   done
-  timeout 300 python3 scripts/gpu_parity.py --lb "$W/lb-horses.npy" "$W/lb-volleyball-court.npy" --images .dev/horses.jpg .dev/volleyball-court.jpg \
-    --ours-f32 "$W/raw-f32.npy" --ours-f16 "$W/raw-f16.npy" --dets-f16 "$W/dets-f16.jsonl" --model .dev/yolov9t-ball.pt --out "$W/parity.json" 2>>"$W/parity.log" | tee -a "$SUM"
+  timeout 300 python3 "$HERE/gpu_parity.py" --lb "$W/lb-horses.npy" "$W/lb-volleyball-court.npy" --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
+    --ours-f32 "$W/raw-f32.npy" --ours-f16 "$W/raw-f16.npy" --dets-f16 "$W/dets-f16.jsonl" --model "$DEV"/yolov9t-ball.pt --conf "${PARITY_CONF:-0.01}" --out "$W/parity.json" 2>>"$W/parity.log" | tee -a "$SUM"
   tail -3 "$W/parity.log"
 fi
 
 if has bench; then
   say "## yolo-edge bench, model only, f16"
-  timeout 420 "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$BATCHES" --mode model --out "$W/bench-model" > "$W/bench-model.md" 2> "$W/bench-model.log"
+  timeout "${BENCH_TIMEOUT:-240}" "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$BATCHES" --mode model --warmup 2 --iters 10 --out "$W/bench-model" > "$W/bench-model.md" 2> "$W/bench-model.log"
   echo "rc=$?" >> "$W/bench-model.log"
   cat "$W/bench-model.md" >> "$SUM"; grep "first forward" "$W/bench-model.log" >> "$SUM"
   cp "$W/bench-model/bench.png" "$OUT/bench.png" 2>/dev/null
+  cp "$W/bench-model/bench.csv" "$OUT/bench.csv" 2>/dev/null
+fi
+
+if has e2e; then
   say "## yolo-edge bench, end to end (JPEG files in, detections out), f16"
-  timeout 240 "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$E2E_BATCHES" --mode e2e --images .dev/horses.jpg,.dev/volleyball-court.jpg --iters 10 --out "$W/bench-e2e" > "$W/bench-e2e.md" 2> "$W/bench-e2e.log"
+  timeout 240 "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$E2E_BATCHES" --mode e2e --images "$DEV"/horses.jpg,"$DEV"/volleyball-court.jpg --iters 10 --out "$W/bench-e2e" > "$W/bench-e2e.md" 2> "$W/bench-e2e.log"
   echo "rc=$?" >> "$W/bench-e2e.log"
   cat "$W/bench-e2e.md" >> "$SUM"
 fi
@@ -84,7 +90,7 @@ fi
 
 if has torch; then
   say "## PyTorch bench_torch.py (same call)"
-  VARIANTS="$VARIANTS" BATCHES="$BATCHES" MODES="${TORCH_MODES:-fp16,fp16cl}" OUT="$W" timeout 420 python3 .dev/bench_torch.py > "$W/torch.log" 2>&1
+  VARIANTS="$VARIANTS" BATCHES="$BATCHES" MODES="${TORCH_MODES:-fp16,fp16cl}" OUT="$W" timeout "${TORCH_TIMEOUT:-200}" python3 "$DEV"/bench_torch.py > "$W/torch.log" 2>&1
   echo "rc=$?" >> "$W/torch.log"
   python3 - "$W/torch_bench.json" <<'PY' | tee -a "$SUM"
 import json, sys
