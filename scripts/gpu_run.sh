@@ -3,11 +3,13 @@
 # driver, python3 + torch (CUDA) and no Rust: start-up (cold/warm JIT cache), parity against
 # PyTorch + ultralytics, `yolo-edge bench` beside PyTorch's bench_torch.py, planner checks.
 #
-# Usage (from the repo root; what it needs travels in git-ignored folders):
-#   dist/yolo-edge-cuda-sm90.xz   (scripts/build-cuda.sh 90)
-#   "$DEV"/yolov9t-ball.pt "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg "$DEV"/bench_torch.py
-#   .whl/ultralytics-8.4.190-*.whl .whl/ultralytics_thop-2.2.3-*.whl
-#   STEPS="info startup parity bench torch plan" OUT=/some/dir scripts/gpu_run.sh
+# Usage (from the repo root). What it needs travels in git-ignored folders, named by env vars:
+#   $DIST/yolo-edge-cuda-sm90.xz        (scripts/build-cuda.sh 90; DIST defaults to dist)
+#   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
+#   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
+#   STEPS="info startup parity bench torch e2e ab plan" OUT=/some/dir scripts/gpu_run.sh
+# The device tool copies the session's checkout, so stage these (and this script) under an
+# ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64)
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
