@@ -1,8 +1,10 @@
 //! Subcommands of the `yolo-edge` binary and the exit codes scripts can rely on.
 
+mod bench;
 mod convert;
 mod detect;
 mod run;
+mod plan;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +55,10 @@ enum Cmd {
     /// Run the edge agent: sources -> batched inference -> MQTT (until SIGTERM/SIGINT).
     Run(run::RunArgs),
     /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
+    /// Throughput, latency and peak memory against batch size (Markdown, CSV, JSON, PNG).
+    Bench(bench::BenchArgs),
+    /// Pick the batch size from the device's memory and explain the decision.
+    Plan(plan::PlanArgs),
     Letterbox {
         image: PathBuf,
         #[arg(long, default_value_t = 640)]
@@ -67,6 +73,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Detect(a) => detect::run(a),
         Cmd::Run(a) => run::run(a),
         Cmd::Convert(a) => convert::run(a),
+        Cmd::Bench(a) => bench::run(a),
+        Cmd::Plan(a) => plan::run(a),
         Cmd::Info { model, imgsz, json } => info(&model, imgsz, json),
         Cmd::Letterbox { image, imgsz, out } => letterbox(&image, imgsz, &out),
     }

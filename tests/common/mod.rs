@@ -297,6 +297,15 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // a failed test shows what the agent was doing
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("---- agent log (last {} lines) ----", tail.len());
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# scripts/build-cuda.sh — release build of yolo-edge with CUDA (optionally cuDNN) for one GPU
+# architecture, stripped and xz-compressed into dist/ (git-ignored).
+#
+# Usage:  scripts/build-cuda.sh [COMPUTE_CAP] [--cudnn]
+#   COMPUTE_CAP: 90 H100/H200 (default), 89 Ada, 87 Jetson Orin, 86/80 Ampere.
+# Needs the toolchain of scripts/setup-cuda-build.sh (run it once; it is idempotent).
+# Output: dist/yolo-edge-cuda-sm<CAP>[-cudnn] and the same with .xz (about 5 MB).
+# The binary needs the NVIDIA driver (libcuda.so.1) and CUDA 13.0 runtime libraries
+# (cudart 13, cublas 13, curand 10; cudnn 9 with --cudnn) on the target.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CAP="${1:-${CUDA_COMPUTE_CAP:-90}}"
+FEATURES=cuda
+SUFFIX=""
+for a in "$@"; do
+  [ "$a" = "--cudnn" ] && { FEATURES=cudnn; SUFFIX="-cudnn"; }
+done
+case "$CAP" in 80|86|87|89|90) ;; *) echo "unsupported compute capability '$CAP' (80 86 87 89 90)" >&2; exit 2;; esac
+PREFIX="${CUDA_WHEEL_PREFIX:-/opt/cuda-13.0-wheels}"
+[ -f "$PREFIX/env.sh" ] || bash scripts/setup-cuda-build.sh "$CAP"
+# shellcheck disable=SC1091
+source "$PREFIX/env.sh"
+export CUDA_COMPUTE_CAP="$CAP"
+TARGET="${CARGO_TARGET_DIR:-target}"
+cargo build --release --features "$FEATURES" --bin yolo-edge
+mkdir -p dist
+OUT="dist/yolo-edge-cuda-sm${CAP}${SUFFIX}"
+cp "$TARGET/release/yolo-edge" "$OUT"
+strip "$OUT"
+xz -6 -T0 -k -f "$OUT"
+ls -la "$OUT" "$OUT.xz"
+echo "NEEDED: $(readelf -d "$OUT" | awk '/NEEDED/ {gsub(/[\[\]]/,"",$5); printf "%s ", $5}')"

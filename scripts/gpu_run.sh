@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# scripts/gpu_run.sh — everything that needs the GPU, in one go, on a machine with the NVIDIA
+# driver, python3 + torch (CUDA) and no Rust: start-up (cold/warm JIT cache), parity against
+# PyTorch + ultralytics, `yolo-edge bench` beside PyTorch's bench_torch.py, planner checks.
+#
+# Usage (from the repo root). What it needs travels in git-ignored folders, named by env vars:
+#   $DIST/yolo-edge-cuda-sm90.xz        (scripts/build-cuda.sh 90; DIST defaults to dist)
+#   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
+#   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
+#   STEPS="info startup parity bench torch e2e ab plan" OUT=/some/dir scripts/gpu_run.sh
+# The device tool copies the session's checkout, so stage these (and this script) under an
+# ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
+# Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64)
+#      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e)
+# Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+DIST="${DIST:-dist}"; DEV="${DEV:-.dev}"; WHL="${WHL:-.whl}"
+OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
+W="$OUT/work"; mkdir -p "$W"
+STEPS="${STEPS:-info startup parity bench torch e2e ab plan}"
+VARIANTS="${VARIANTS:-t,s,m,c,e}"
+BATCHES="${BATCHES:-1,8,32,64,128,256}"
+E2E_BATCHES="${E2E_BATCHES:-1,8,32,64}"
+PLAN_LIMITS="${PLAN_LIMITS:-4GiB,8GiB,16GiB}"
+PLAN_VARIANTS="${PLAN_VARIANTS:-t,s,m,c,e}"
+SUM="$OUT/summary.md"; : > "$SUM"
+say() { echo "$*" | tee -a "$SUM"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+BIN=/tmp/yolo-edge
+xz -dc "$DIST/yolo-edge-cuda-sm90.xz" > "$BIN" && chmod +x "$BIN"
+SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
+export RUST_LIB_BACKTRACE=0
+mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHL"/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site
+export YOLO_CONFIG_DIR=/tmp/ultra-cfg
+
+if has info; then
+  say "## machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1 | tee -a "$SUM"
+  "$BIN" --version | tee -a "$SUM"
+  ldd "$BIN" | grep -E "cuda|cublas|curand" | tee -a "$SUM"
+fi
+
+if has startup; then
+  say "## startup (yolov9t random, f16, batch 1): cold = empty CUDA_CACHE_PATH, warm = same cache again"
+  rm -rf /tmp/cc && mkdir -p /tmp/cc
+  for run in cold warm; do
+    CUDA_CACHE_PATH=/tmp/cc timeout 120 "$BIN" bench --device cuda:0 --variants t --dtype f16 --batches 1 --warmup 1 --iters 3 --out "$W/startup-$run" > "$W/startup-$run.log" 2>&1
+    grep -E "first forward" "$W/startup-$run.log" | sed "s/^/$run: /" | tee -a "$SUM"
+  done
+  du -sh /tmp/cc | tee -a "$SUM"
+fi
+
+if has parity; then
+  say "## parity (yolov9t-ball.pt, horses + volleyball-court)"
+  for i in horses volleyball-court; do "$BIN" letterbox ""$DEV"/$i.jpg" --imgsz 640 --out "$W/lb-$i.npy" 2>>"$W/parity.log"; done
+  for dt in f32 f16; do
+    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --batch 2 --conf "${PARITY_CONF:-0.01}" --raw-out "$W/raw-$dt.npy" --json "$W/dets-$dt.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
+  done
+  timeout 300 python3 "$HERE/gpu_parity.py" --lb "$W/lb-horses.npy" "$W/lb-volleyball-court.npy" --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
+    --ours-f32 "$W/raw-f32.npy" --ours-f16 "$W/raw-f16.npy" --dets-f16 "$W/dets-f16.jsonl" --model "$DEV"/yolov9t-ball.pt --conf "${PARITY_CONF:-0.01}" --out "$W/parity.json" 2>>"$W/parity.log" | tee -a "$SUM"
+  tail -3 "$W/parity.log"
+fi
+
+if has bench; then
+  say "## yolo-edge bench, model only, f16"
+  timeout "${BENCH_TIMEOUT:-240}" "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$BATCHES" --mode model --warmup 2 --iters 10 --out "$W/bench-model" > "$W/bench-model.md" 2> "$W/bench-model.log"
+  echo "rc=$?" >> "$W/bench-model.log"
+  cat "$W/bench-model.md" >> "$SUM"; grep "first forward" "$W/bench-model.log" >> "$SUM"
+  cp "$W/bench-model/bench.png" "$OUT/bench.png" 2>/dev/null
+  cp "$W/bench-model/bench.csv" "$OUT/bench.csv" 2>/dev/null
+fi
+
+if has e2e; then
+  say "## yolo-edge bench, end to end (JPEG files in, detections out), f16"
+  timeout 240 "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$E2E_BATCHES" --mode e2e --images "$DEV"/horses.jpg,"$DEV"/volleyball-court.jpg --iters 10 --out "$W/bench-e2e" > "$W/bench-e2e.md" 2> "$W/bench-e2e.log"
+  echo "rc=$?" >> "$W/bench-e2e.log"
+  cat "$W/bench-e2e.md" >> "$SUM"
+fi
+
+if has ab; then
+  say "## A/B: 1x1 convolutions as one batched GEMM (YOLO_EDGE_CONV1X1=matmul) vs candle conv2d"
+  for m in conv matmul; do
+    YOLO_EDGE_CONV1X1=$m timeout 200 "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-s,c}" --dtype f16 --batches "${AB_BATCHES:-1,32,128}" --mode model --out "$W/ab-$m" > "$W/ab-$m.md" 2> "$W/ab-$m.log"
+    echo "conv1x1=$m" >> "$SUM"; cat "$W/ab-$m.md" >> "$SUM"
+  done
+fi
+
+if has torch; then
+  say "## PyTorch bench_torch.py (same call)"
+  VARIANTS="$VARIANTS" BATCHES="$BATCHES" MODES="${TORCH_MODES:-fp16,fp16cl}" OUT="$W" timeout "${TORCH_TIMEOUT:-200}" python3 "$DEV"/bench_torch.py > "$W/torch.log" 2>&1
+  echo "rc=$?" >> "$W/torch.log"
+  python3 - "$W/torch_bench.json" <<'PY' | tee -a "$SUM"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+print("| variant | mode | batch | ms | img/s | peak MiB | MiB/img |\n|---|---|---:|---:|---:|---:|---:|")
+for r in rows:
+    if r.get("oom"): print(f"| {r['variant']} | {r['mode']} | {r['batch']} | OOM | | | |"); continue
+    print(f"| {r['variant']} | {r['mode']} | {r['batch']} | {r['ms']} | {r['ips']} | {r['peak_mib']} | {r['peak_mib']/r['batch']:.1f} |")
+PY
+  cp "$W/torch_bench.json" "$OUT/" 2>/dev/null
+fi
+
+if has plan; then
+  say "## planner (f16, 640, memory_fraction 0.8, max_batch 256)"
+  say "| variant | limit | budget MiB | fixed MiB | MiB/img | batch | predicted MiB | verified MiB | steps | ms |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do
+    timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --json > "$W/plan-$v-$lim.json" 2> "$W/plan-$v-$lim.log"
+    python3 - "$W/plan-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1])); p = d["plan"]; M = 2**20
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['fit']['fixed']/M:.0f} | {p['fit']['per_image']/M:.1f} | {p['batch']} | {p['predicted_peak']/M:.0f} | {p['verified_peak']/M:.0f} | {len(p['steps'])} | {d['plan_ms']:.0f} |")
+except Exception as e:
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
+PY
+  done; done
+fi
+(cd "$OUT" && tar czf all.tar.gz work && rm -rf work)
+echo; cat "$SUM" | tail -60

@@ -1,0 +1,279 @@
+//! `yolo-edge bench`: throughput, latency and peak device memory against batch size, model only
+//! (a batch tensor in, raw output out, the device synchronised before the clock stops) and end
+//! to end (JPEG files in, detections out), per model and dtype; OOM is a table entry, not a
+//! crash. Writes bench.md, bench.csv, bench.json and bench.png into `--out`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+use clap::Args;
+use rayon::prelude::*;
+
+use yolo_edge::benchreport::{self, Row, Status};
+use yolo_edge::detector::Detector;
+use yolo_edge::devmem::{self, PeakMeter};
+use yolo_edge::model::{BuildOptions, YoloV9};
+use yolo_edge::postprocess::Thresholds;
+use yolo_edge::preprocess::{self, DecodeLimits};
+use yolo_edge::{device, randweights, startup};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Checkpoints (.pt/.safetensors) or `random:yolov9t|s|m|c|e` (seeded random weights).
+    #[arg(long, value_delimiter = ',')]
+    model: Vec<String>,
+    /// Shorthand for random-weight models: t,s,m,c,e.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// auto, cpu or cuda:N
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Comma-separated dtypes (f16, f32).
+    #[arg(long, default_value = "f16")]
+    dtype: String,
+    /// Comma-separated batch sizes, or `auto` (powers of two up to --max-batch, until OOM).
+    #[arg(long, default_value = "1,8,32")]
+    batches: String,
+    #[arg(long, default_value_t = 256)]
+    max_batch: usize,
+    /// model, e2e or both (comma-separated).
+    #[arg(long, default_value = "model")]
+    mode: String,
+    /// Images for the end-to-end mode (files or folders; reused cyclically to fill a batch).
+    #[arg(long, value_delimiter = ',')]
+    images: Vec<PathBuf>,
+    #[arg(long, default_value_t = 640)]
+    imgsz: usize,
+    /// Untimed runs before timing each batch.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed runs per batch (median reported); fewer for large batches: max(3, min(iters, 512 / batch)).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Seed of random-weight models.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output folder.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// Chart title (default: device and date-free description).
+    #[arg(long)]
+    title: Option<String>,
+}
+
+fn parse_batches(s: &str, max_batch: usize) -> anyhow::Result<Vec<usize>> {
+    if s.trim() == "auto" {
+        return Ok(std::iter::successors(Some(1usize), |b| b.checked_mul(2)).take_while(|&b| b <= max_batch).collect());
+    }
+    let mut v = s.split(',').map(|t| t.trim().parse::<usize>().with_context(|| format!("batch `{t}`"))).collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(v.iter().all(|&b| b >= 1), "batch sizes must be at least 1");
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+fn collect_images(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in inputs {
+        if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().and_then(|e| e.to_str()).is_some_and(|e| matches!(e.to_ascii_lowercase().as_str(), "jpg" | "jpeg" | "png" | "bmp" | "webp")))
+                .collect();
+            v.sort();
+            out.extend(v);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn load(spec: &str, dev: &Device, dtype: DType, imgsz: usize, seed: u64) -> anyhow::Result<(String, Detector)> {
+    match randweights::parse_spec(spec) {
+        Some(v) => {
+            let v = v?;
+            let ck = randweights::random_checkpoint(v, seed)?;
+            let m = YoloV9::from_checkpoint(&ck, &BuildOptions::new(dev.clone(), dtype))?;
+            Ok((format!("{} (random)", v.name()), Detector::from_model(m, imgsz)))
+        }
+        None => {
+            let det = Detector::load(Path::new(spec), dev, dtype, Some(imgsz)).with_context(|| format!("loading {spec}"))?;
+            Ok((det.info().variant.name().to_string(), det))
+        }
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// What one timed batch run needs.
+enum Work<'a> {
+    Model(Tensor),
+    E2e { files: Vec<&'a PathBuf>, th: Thresholds },
+}
+
+fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
+    match w {
+        Work::Model(x) => {
+            let y = det.model().forward(x)?;
+            det.device().synchronize()?;
+            Ok(y.dim(0)?)
+        }
+        Work::E2e { files, th } => {
+            let limits = DecodeLimits::default();
+            let s = det.imgsz() as u32;
+            let lbs: Vec<_> = files
+                .par_iter()
+                .map(|p| preprocess::load_image(p, &limits).map(|img| preprocess::letterbox(&img, s)))
+                .collect::<Result<_, _>>()
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            let refs: Vec<_> = lbs.iter().collect();
+            let dets = det.detect(&refs, th)?;
+            Ok(dets.iter().map(|d| d.len()).sum())
+        }
+    }
+}
+
+/// Times one (model, dtype, mode, batch); errors become rows.
+fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch: usize, images: &[PathBuf], a: &BenchArgs) -> Row {
+    let mut row = Row { model: name.into(), dtype: device::dtype_name(det.dtype()).into(), mode: mode.into(), batch, status: Status::Ok, latency_ms: None, min_ms: None, max_ms: None, images_per_s: None, peak_mib: None, iters: 0, error: None };
+    let iters = a.iters.min(512 / batch).max(3);
+    let r = (|| -> candle_core::Result<(Vec<f64>, u64)> {
+        let s = det.imgsz();
+        // the batch input counts (as in PyTorch's max_memory_allocated), its f32 staging does not
+        let (work, input_bytes) = if mode == "model" {
+            let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), det.device())?.to_dtype(det.dtype())?;
+            let n = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
+            (Work::Model(x), n)
+        } else {
+            (Work::E2e { files: images.iter().cycle().take(batch).collect(), th: Thresholds::default() }, 0)
+        };
+        let base = meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
+        meter.reset().map_err(candle_core::Error::wrap)?;
+        run_once(det, &work)?; // also the memory measurement
+        let peak = meter.usage().map_err(candle_core::Error::wrap)?.used_high.saturating_sub(base);
+        for _ in 1..a.warmup {
+            run_once(det, &work)?;
+        }
+        let mut t = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            det.device().synchronize()?;
+            let t0 = Instant::now();
+            run_once(det, &work)?;
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok((t, peak))
+    })();
+    match r {
+        Ok((mut t, peak)) => {
+            let med = median(&mut t);
+            row.latency_ms = Some(med);
+            row.min_ms = t.first().copied();
+            row.max_ms = t.last().copied();
+            row.images_per_s = Some(batch as f64 * 1e3 / med);
+            row.peak_mib = Some(peak as f64 / (1024.0 * 1024.0));
+            row.iters = t.len();
+        }
+        Err(e) => {
+            row.status = if yolo_edge::memory::is_oom(&e) { Status::Oom } else { Status::Error };
+            row.error = Some(e.to_string().lines().next().unwrap_or("").chars().take(300).collect());
+            let _ = meter.trim();
+        }
+    }
+    row
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(a.imgsz > 0 && a.imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
+    anyhow::ensure!(a.max_batch >= 1, "--max-batch must be at least 1");
+    let cache = startup::configure_compute_cache();
+    let dev = device::parse_device(&a.device)?;
+    let dtypes = a.dtype.split(',').map(|d| device::parse_dtype(d, &dev)).collect::<Result<Vec<_>, _>>()?;
+    let batches = parse_batches(&a.batches, a.max_batch)?;
+    let modes: Vec<&str> = a.mode.split(',').map(str::trim).collect();
+    anyhow::ensure!(modes.iter().all(|m| matches!(*m, "model" | "e2e")), "--mode takes model, e2e or both");
+    let mut specs = a.model.clone();
+    specs.extend(a.variants.iter().map(|v| format!("random:yolov9{}", v.trim().trim_start_matches("yolov9"))));
+    anyhow::ensure!(!specs.is_empty(), "give --model and/or --variants");
+    let images = collect_images(&a.images)?;
+    anyhow::ensure!(!modes.contains(&"e2e") || !images.is_empty(), "--mode e2e needs --images");
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let meter = PeakMeter::new(&dev);
+    let mem0 = devmem::device_memory(&dev)?;
+    eprintln!("device {} free {:.0} MiB of {:.0} MiB ({:?}); compute cache {:?}", device::device_name(&dev), mem0.free as f64 / 1048576.0, mem0.total as f64 / 1048576.0, mem0.source, cache);
+    let mut rows = Vec::new();
+    let mut starts = Vec::new();
+    for spec in &specs {
+        for &dtype in &dtypes {
+            let t0 = Instant::now();
+            let (name, det) = load(spec, &dev, dtype, a.imgsz, a.seed)?;
+            dev.synchronize()?;
+            let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let st = startup::warm_up(&det, load_ms).context("first forward pass")?;
+            eprintln!("{name} {}: load {:.0} ms, first forward {:.1} ms, second {:.1} ms", device::dtype_name(dtype), st.load_ms, st.first_forward_ms, st.second_forward_ms);
+            starts.push(serde_json::json!({"model": name, "dtype": device::dtype_name(dtype), "startup": st}));
+            for mode in &modes {
+                for &b in &batches {
+                    let row = bench_batch(&det, &meter, &name, mode, b, &images, &a);
+                    eprintln!(
+                        "  {name} {} {mode} batch {b}: {:?} {} ms {} img/s {} MiB {}",
+                        row.dtype,
+                        row.status,
+                        row.latency_ms.map_or("-".into(), |v| format!("{v:.2}")),
+                        row.images_per_s.map_or("-".into(), |v| format!("{v:.1}")),
+                        row.peak_mib.map_or("-".into(), |v| format!("{v:.0}")),
+                        row.error.as_deref().unwrap_or("")
+                    );
+                    let stop = row.status == Status::Oom;
+                    rows.push(row);
+                    // keep partial results if the run is cut short
+                    benchreport::write(&a.out.join("bench.csv"), &benchreport::csv(&rows))?;
+                    if stop {
+                        break; // larger batches would fail too
+                    }
+                }
+            }
+            drop(det);
+            let _ = meter.trim();
+        }
+    }
+    let md = benchreport::markdown(&rows);
+    benchreport::write(&a.out.join("bench.md"), &md)?;
+    benchreport::write(&a.out.join("bench.csv"), &benchreport::csv(&rows))?;
+    let json = serde_json::json!({"device": device::device_name(&dev), "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});
+    benchreport::write(&a.out.join("bench.json"), &serde_json::to_string_pretty(&json)?)?;
+    let title = a.title.clone().unwrap_or_else(|| format!("yolo-edge bench on {}, {}x{}", device::device_name(&dev), a.imgsz, a.imgsz));
+    if let Err(e) = benchreport::chart(&rows, &title, &a.out.join("bench.png")) {
+        eprintln!("warning: {e}");
+    }
+    println!("{md}");
+    let failed = rows.iter().any(|r| r.status == Status::Error);
+    Ok(if failed { ExitCode::from(super::exit::PARTIAL) } else { ExitCode::SUCCESS })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_parse() {
+        assert_eq!(parse_batches("8,1,8,32", 256).unwrap(), vec![1, 8, 32]);
+        assert_eq!(parse_batches("auto", 20).unwrap(), vec![1, 2, 4, 8, 16]);
+        assert!(parse_batches("0", 4).is_err());
+        assert!(parse_batches("x", 4).is_err());
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

@@ -1,0 +1,581 @@
+//! Memory-aware batch planning: a budget from the device's free memory, a memory model fitted
+//! to measured peaks (fixed + per-image bytes), the largest batch whose predicted peak fits,
+//! verified by a real forward pass and stepped down on failure.
+//!
+//! The planning logic is generic over a [`Prober`] (one measured forward pass at a batch size),
+//! so it is tested on the CPU with synthetic probers; [`DetectorProber`] is the real one.
+//! What it avoids (the known failure modes of ultralytics' AutoBatch): extrapolating only from
+//! tiny probes (the chosen batch is always verified, and a verified point re-fits the model),
+//! whole-GiB rounding (bytes throughout), counting other processes' memory as ours (the peak
+//! is this process's allocator high-water mark, the budget the device's free memory), and
+//! returning a batch at or above one that failed.
+
+use candle_core::Tensor;
+use serde::Serialize;
+
+use crate::detector::Detector;
+use crate::devmem::{self, DeviceMemory, PeakMeter};
+
+pub const MIB: f64 = 1024.0 * 1024.0;
+
+/// Why planning failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("invalid planner setting: {0}")]
+    Config(String),
+    #[error("not even batch 1 fits: {0}")]
+    NothingFits(String),
+    #[error("probe at batch {batch} failed: {reason}")]
+    Probe { batch: usize, reason: String },
+    #[error(transparent)]
+    Memory(#[from] devmem::DevMemError),
+}
+
+/// A failed probe.
+#[derive(Debug)]
+pub enum ProbeError {
+    /// The device ran out of memory (the planner steps down).
+    Oom(String),
+    /// Anything else (the planner gives up).
+    Other(String),
+}
+
+/// One measured forward pass: the peak bytes it needed above what was resident before it.
+pub trait Prober {
+    fn peak_at(&mut self, batch: usize) -> Result<u64, ProbeError>;
+}
+
+/// Planner settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannerConfig {
+    /// Cap on the memory the agent may use, below the device's free memory (bytes).
+    pub memory_limit: Option<u64>,
+    /// Share of min(free, memory_limit) that the agent plans to use.
+    pub memory_fraction: f64,
+    /// Largest batch the agent will run.
+    pub max_batch: usize,
+    /// Batches measured to fit the memory model (ascending, small).
+    pub probe_batches: Vec<usize>,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self { memory_limit: None, memory_fraction: 0.8, max_batch: 256, probe_batches: vec![1, 2, 4] }
+    }
+}
+
+impl PlannerConfig {
+    pub fn validate(&self) -> Result<(), PlanError> {
+        if !(self.memory_fraction > 0.0 && self.memory_fraction <= 1.0) {
+            return Err(PlanError::Config(format!("memory_fraction {} must be in (0, 1]", self.memory_fraction)));
+        }
+        if self.max_batch == 0 || self.max_batch > 65536 {
+            return Err(PlanError::Config(format!("max_batch {} must be in 1..=65536", self.max_batch)));
+        }
+        if self.probe_batches.is_empty() || self.probe_batches.contains(&0) || self.probe_batches.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(PlanError::Config(format!("probe_batches {:?} must be ascending and positive", self.probe_batches)));
+        }
+        if self.memory_limit == Some(0) {
+            return Err(PlanError::Config("memory_limit must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Parses a byte size: `8GiB`, `512MiB`, `8G` (= GiB), `1.5GB` (decimal), `123456`.
+pub fn parse_bytes(s: &str) -> Result<u64, PlanError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| PlanError::Config(format!("`{s}` is not a size (e.g. 8GiB, 512MiB)")))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => MIB,
+        "g" | "gib" => MIB * 1024.0,
+        "t" | "tib" => MIB * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        u => return Err(PlanError::Config(format!("unknown size unit `{u}` in `{s}`"))),
+    };
+    let bytes = v * mult;
+    if !bytes.is_finite() || bytes < 1.0 {
+        return Err(PlanError::Config(format!("`{s}` is not a positive size")));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// The memory the agent may use.
+#[derive(Debug, Clone, Serialize)]
+pub struct Budget {
+    pub free: u64,
+    pub total: u64,
+    pub memory_limit: Option<u64>,
+    pub memory_fraction: f64,
+    pub source: devmem::MemorySource,
+    /// min(free, memory_limit) x memory_fraction, bytes.
+    pub bytes: u64,
+}
+
+impl Budget {
+    pub fn new(mem: DeviceMemory, cfg: &PlannerConfig) -> Self {
+        let base = cfg.memory_limit.map_or(mem.free, |l| l.min(mem.free));
+        Self { free: mem.free, total: mem.total, memory_limit: cfg.memory_limit, memory_fraction: cfg.memory_fraction, source: mem.source, bytes: (base as f64 * cfg.memory_fraction) as u64 }
+    }
+}
+
+/// Peak bytes as fixed + per_image x batch, least-squares over measured points.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryFit {
+    pub fixed: f64,
+    pub per_image: f64,
+    /// (batch, measured peak bytes)
+    pub points: Vec<(usize, u64)>,
+}
+
+impl MemoryFit {
+    /// Fits the points. One point: all of it is per-image (an over-estimate for larger batches).
+    /// The per-image cost is kept positive and at least the steepest slope between consecutive
+    /// points, so that the line never under-predicts the largest measured batch's growth.
+    pub fn fit(points: &[(usize, u64)]) -> Option<Self> {
+        let mut pts: Vec<(usize, u64)> = points.to_vec();
+        pts.sort();
+        pts.dedup_by_key(|p| p.0);
+        match pts.len() {
+            0 => None,
+            1 => Some(Self { fixed: 0.0, per_image: pts[0].1 as f64 / pts[0].0 as f64, points: pts }),
+            n => {
+                let nf = n as f64;
+                let mx = pts.iter().map(|p| p.0 as f64).sum::<f64>() / nf;
+                let my = pts.iter().map(|p| p.1 as f64).sum::<f64>() / nf;
+                let sxy: f64 = pts.iter().map(|p| (p.0 as f64 - mx) * (p.1 as f64 - my)).sum();
+                let sxx: f64 = pts.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
+                let mut slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+                // the growth between the two largest batches is what extrapolation follows
+                let (a, b) = (pts[n - 2], pts[n - 1]);
+                let last = (b.1 as f64 - a.1 as f64) / (b.0 - a.0) as f64;
+                slope = slope.max(last).max(1.0);
+                // the line goes through the largest point: no under-prediction there
+                let fixed = b.1 as f64 - slope * b.0 as f64;
+                Some(Self { fixed, per_image: slope, points: pts })
+            }
+        }
+    }
+
+    /// Predicted peak bytes at `batch`: linear interpolation between measured points, and
+    /// beyond the largest one its line (fixed + per_image x batch).
+    pub fn predict(&self, batch: usize) -> u64 {
+        let b = batch as f64;
+        let pts = &self.points;
+        if pts.len() >= 2 && batch <= pts[pts.len() - 1].0 {
+            let i = pts.iter().position(|p| p.0 >= batch).unwrap_or(pts.len() - 1).max(1);
+            let (x0, y0) = (pts[i - 1].0 as f64, pts[i - 1].1 as f64);
+            let (x1, y1) = (pts[i].0 as f64, pts[i].1 as f64);
+            let slope = (y1 - y0) / (x1 - x0);
+            return (y0 + slope * (b - x0)).max(0.0) as u64;
+        }
+        (self.fixed + self.per_image * b).max(0.0) as u64
+    }
+
+    /// Largest batch in 1..=max_batch (and below `failed_at`) whose predicted peak fits.
+    pub fn choose(&self, budget: u64, max_batch: usize, failed_at: Option<usize>) -> Option<usize> {
+        let cap = failed_at.map_or(max_batch, |f| max_batch.min(f.saturating_sub(1)));
+        (1..=cap).rev().find(|&b| self.predict(b) <= budget)
+    }
+}
+
+/// One measurement the planner made.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub batch: usize,
+    pub purpose: &'static str,
+    pub predicted: Option<u64>,
+    pub measured: Option<u64>,
+    pub outcome: String,
+}
+
+/// The planner's decision and its reasons.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub budget: Budget,
+    pub max_batch: usize,
+    pub fit: MemoryFit,
+    pub batch: usize,
+    pub predicted_peak: u64,
+    pub verified_peak: u64,
+    pub steps: Vec<Step>,
+    pub reasons: Vec<String>,
+}
+
+fn mib(b: impl Into<f64>) -> String {
+    format!("{:.1} MiB", b.into() / MIB)
+}
+
+/// Plans the batch: probe, fit, choose, verify (stepping down on failure; one step up when the
+/// verified point shows more room).
+pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Result<Plan, PlanError> {
+    cfg.validate()?;
+    let mut steps = Vec::new();
+    let mut reasons = vec![format!(
+        "budget {} = min(free {}, limit {}) x {}",
+        mib(budget.bytes as f64),
+        mib(budget.free as f64),
+        budget.memory_limit.map_or("none".to_string(), |l| mib(l as f64)),
+        budget.memory_fraction
+    )];
+    let mut points: Vec<(usize, u64)> = Vec::new();
+    let mut failed_at: Option<usize> = None;
+    let record = |steps: &mut Vec<Step>, batch, purpose, predicted, r: &Result<u64, ProbeError>, fits: bool| {
+        steps.push(Step {
+            batch,
+            purpose,
+            predicted,
+            measured: r.as_ref().ok().copied(),
+            outcome: match r {
+                Ok(_) if fits => "ok".into(),
+                Ok(_) => "over budget".into(),
+                Err(ProbeError::Oom(m)) => format!("out of memory: {m}"),
+                Err(ProbeError::Other(m)) => format!("failed: {m}"),
+            },
+        })
+    };
+    for &b in cfg.probe_batches.iter().filter(|&&b| b <= cfg.max_batch) {
+        let r = prober.peak_at(b);
+        let fits = matches!(r, Ok(p) if p <= budget.bytes);
+        record(&mut steps, b, "probe", None, &r, fits);
+        match r {
+            Ok(p) => {
+                points.push((b, p));
+                if !fits {
+                    failed_at = Some(b);
+                    break;
+                }
+            }
+            Err(ProbeError::Oom(_)) => {
+                failed_at = Some(b);
+                break;
+            }
+            Err(ProbeError::Other(m)) => return Err(PlanError::Probe { batch: b, reason: m }),
+        }
+    }
+    let mut fit = MemoryFit::fit(&points).ok_or_else(|| PlanError::NothingFits(format!("batch 1 ran out of memory within a budget of {}", mib(budget.bytes as f64))))?;
+    reasons.push(format!("probes {:?} fit: fixed {} + {} per image", points.iter().map(|p| p.0).collect::<Vec<_>>(), mib(fit.fixed), mib(fit.per_image)));
+    let mut best: Option<(usize, u64, u64)> = None; // (batch, predicted, verified)
+    let mut oom_seen = false; // the device holds less than the budget says: search, don't trust the line
+    let mut stepped_up = false;
+    for _ in 0..12 {
+        let Some(mut b) = fit.choose(budget.bytes, cfg.max_batch, failed_at) else { break };
+        if oom_seen {
+            let f = failed_at.unwrap_or(b + 1);
+            b = b.min(match best {
+                Some((ok, _, _)) => (ok + f) / 2,
+                None => (f * 3 / 4).max(1),
+            });
+        }
+        if let Some((ok, _, _)) = best {
+            if b <= ok {
+                break; // nothing larger left to try
+            }
+            if !oom_seen && stepped_up {
+                break;
+            }
+            if !oom_seen {
+                stepped_up = true;
+                reasons.push(format!("re-fit with batch {ok} allows {b}: trying one step up"));
+            }
+        }
+        let predicted = fit.predict(b);
+        let r = if let Some(&(_, p)) = points.iter().find(|p| p.0 == b) { Ok(p) } else { prober.peak_at(b) };
+        let fits = matches!(r, Ok(p) if p <= budget.bytes);
+        record(&mut steps, b, "verify", Some(predicted), &r, fits);
+        match r {
+            Ok(p) => {
+                points.push((b, p));
+                if fits {
+                    reasons.push(format!("batch {b}: predicted {}, measured {} (fits)", mib(predicted as f64), mib(p as f64)));
+                    best = Some((b, predicted, p));
+                } else {
+                    reasons.push(format!("batch {b}: predicted {}, measured {} over budget; stepping down", mib(predicted as f64), mib(p as f64)));
+                    failed_at = Some(failed_at.map_or(b, |f| f.min(b)));
+                }
+            }
+            Err(ProbeError::Oom(m)) => {
+                reasons.push(format!("batch {b}: out of memory ({m}); stepping down"));
+                failed_at = Some(failed_at.map_or(b, |f| f.min(b)));
+                oom_seen = true;
+            }
+            Err(ProbeError::Other(m)) => return Err(PlanError::Probe { batch: b, reason: m }),
+        }
+        if let Some(f) = MemoryFit::fit(&points) {
+            fit = f;
+        }
+    }
+    let (batch, predicted_peak, verified_peak) = best.ok_or_else(|| PlanError::NothingFits(format!("no batch verified within a budget of {}", mib(budget.bytes as f64))))?;
+    if batch == cfg.max_batch {
+        reasons.push(format!("chose {batch}: max_batch reached"));
+    } else {
+        reasons.push(format!("chose {batch}: largest verified batch whose peak fits{}", failed_at.map_or(String::new(), |f| format!(" (batch {f} did not)"))));
+    }
+    Ok(Plan { budget, max_batch: cfg.max_batch, fit, batch, predicted_peak, verified_peak, steps, reasons })
+}
+
+/// Telemetry values for the agent (issue 4, item 6).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryTelemetry {
+    pub device_total: u64,
+    pub device_free: u64,
+    pub process_used: u64,
+    pub process_reserved: u64,
+    pub process_high_water: u64,
+    pub predicted_peak: u64,
+    pub verified_peak: u64,
+    pub startup_batch: usize,
+    pub current_batch: usize,
+    pub oom_fallbacks: u64,
+    /// Unix seconds of the last out-of-memory fallback.
+    pub last_oom_unix: Option<u64>,
+}
+
+impl MemoryTelemetry {
+    pub fn new(plan: &Plan, mem: DeviceMemory, usage: devmem::Usage) -> Self {
+        Self {
+            device_total: mem.total,
+            device_free: mem.free,
+            process_used: usage.used,
+            process_reserved: usage.reserved,
+            process_high_water: usage.used_high,
+            predicted_peak: plan.predicted_peak,
+            verified_peak: plan.verified_peak,
+            startup_batch: plan.batch,
+            current_batch: plan.batch,
+            oom_fallbacks: 0,
+            last_oom_unix: None,
+        }
+    }
+
+    /// Records an out-of-memory fallback to `new_batch`.
+    pub fn record_oom(&mut self, new_batch: usize) {
+        self.oom_fallbacks += 1;
+        self.current_batch = new_batch;
+        self.last_oom_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs());
+    }
+}
+
+/// The real prober: one forward pass of the detector's model on a random batch, measured
+/// with the device's allocator high-water mark (input tensor included).
+pub struct DetectorProber<'a> {
+    det: &'a Detector,
+    meter: PeakMeter,
+}
+
+impl<'a> DetectorProber<'a> {
+    pub fn new(det: &'a Detector) -> Self {
+        Self { det, meter: PeakMeter::new(det.device()) }
+    }
+
+    /// Peak bytes above the resident set for one forward pass at `batch`.
+    pub fn measure(&self, batch: usize) -> Result<u64, ProbeError> {
+        let other = |e: devmem::DevMemError| ProbeError::Other(e.to_string());
+        let cand = |e: candle_core::Error| if crate::memory::is_oom(&e) { ProbeError::Oom(e.to_string().lines().next().unwrap_or("").to_string()) } else { ProbeError::Other(e.to_string()) };
+        let s = self.det.imgsz();
+        let dev = self.det.device();
+        let r = (|| {
+            // the input batch counts, its f32 staging does not
+            let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), dev)?.to_dtype(self.det.dtype())?;
+            let input_bytes = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
+            let base = self.meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
+            self.meter.reset().map_err(candle_core::Error::wrap)?;
+            let y = self.det.model().forward(&x)?;
+            dev.synchronize()?;
+            drop(y);
+            Ok(base)
+        })();
+        let base = match r {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = self.meter.trim();
+                return Err(cand(e));
+            }
+        };
+        Ok(self.meter.usage().map_err(other)?.used_high.saturating_sub(base))
+    }
+}
+
+impl Prober for DetectorProber<'_> {
+    fn peak_at(&mut self, batch: usize) -> Result<u64, ProbeError> {
+        self.measure(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devmem::MemorySource;
+
+    const M: u64 = 1 << 20;
+
+    /// A synthetic device: peak = fixed + per_image x b (+ an optional jump past a batch);
+    /// anything above `capacity` is out of memory.
+    struct Fake {
+        fixed: u64,
+        per: u64,
+        jump_after: Option<(usize, u64)>,
+        capacity: u64,
+        calls: Vec<usize>,
+    }
+    impl Prober for Fake {
+        fn peak_at(&mut self, b: usize) -> Result<u64, ProbeError> {
+            self.calls.push(b);
+            let mut p = self.fixed + self.per * b as u64;
+            if let Some((after, extra)) = self.jump_after {
+                if b > after {
+                    p += extra;
+                }
+            }
+            if p > self.capacity {
+                Err(ProbeError::Oom("CUDA_ERROR_OUT_OF_MEMORY".into()))
+            } else {
+                Ok(p)
+            }
+        }
+    }
+
+    fn budget(free: u64, limit: Option<u64>) -> (Budget, PlannerConfig) {
+        let cfg = PlannerConfig { memory_limit: limit, ..Default::default() };
+        (Budget::new(DeviceMemory { free, total: free * 2, source: MemorySource::HostMeminfo }, &cfg), cfg)
+    }
+
+    #[test]
+    fn budget_is_min_of_free_and_limit_times_fraction() {
+        let (b, _) = budget(10_000 * M, Some(4096 * M));
+        assert_eq!(b.bytes, (4096.0 * M as f64 * 0.8) as u64);
+        let (b, _) = budget(1000 * M, Some(4096 * M));
+        assert_eq!(b.bytes, 800 * M);
+        let (b, _) = budget(1000 * M, None);
+        assert_eq!(b.bytes, 800 * M);
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("8XB").is_err());
+        assert!(parse_bytes("0").is_err());
+    }
+
+    #[test]
+    fn fit_recovers_a_linear_model() {
+        let f = MemoryFit::fit(&[(1, 150 * M), (2, 200 * M), (4, 300 * M)]).unwrap();
+        assert!((f.per_image - 50.0 * M as f64).abs() < 1.0);
+        assert!((f.fixed - 100.0 * M as f64).abs() < 2.0);
+        assert_eq!(f.predict(10), 600 * M);
+        // choose: (1000 - 100) / 50 = 18
+        assert_eq!(f.choose(1000 * M, 256, None), Some(18));
+        assert_eq!(f.choose(1000 * M, 16, None), Some(16));
+        assert_eq!(f.choose(1000 * M, 256, Some(12)), Some(11));
+        assert_eq!(f.choose(100 * M, 256, None), None);
+        // between measured points the prediction interpolates
+        let g = MemoryFit::fit(&[(1, 100 * M), (2, 120 * M), (4, 200 * M)]).unwrap();
+        assert_eq!(g.predict(3), 160 * M);
+    }
+
+    #[test]
+    fn fit_never_underpredicts_the_largest_point() {
+        // convex growth: the last slope is steeper than the least-squares one
+        let f = MemoryFit::fit(&[(1, 100 * M), (2, 120 * M), (4, 200 * M)]).unwrap();
+        assert!(f.predict(4) >= 200 * M);
+        assert!(f.per_image >= 40.0 * M as f64);
+        // one point: all per-image
+        let f1 = MemoryFit::fit(&[(1, 64 * M)]).unwrap();
+        assert_eq!(f1.predict(8), 512 * M);
+    }
+
+    #[test]
+    fn plans_the_largest_fitting_batch_and_verifies_it() {
+        let (b, cfg) = budget(100_000 * M, Some(8192 * M)); // budget 6553.6 MiB
+        let mut p = Fake { fixed: 300 * M, per: 50 * M, jump_after: None, capacity: u64::MAX, calls: vec![] };
+        let plan = plan(&mut p, b.clone(), &cfg).unwrap();
+        let exact = ((b.bytes - 300 * M) / (50 * M)) as usize; // 125
+        assert_eq!(plan.batch, exact);
+        assert!(plan.verified_peak <= b.bytes);
+        assert_eq!(p.calls, vec![1, 2, 4, exact]);
+        assert!(plan.reasons.iter().any(|r| r.contains("chose")));
+    }
+
+    #[test]
+    fn respects_max_batch() {
+        let (b, mut cfg) = budget(100_000 * M, None);
+        cfg.max_batch = 32;
+        let mut p = Fake { fixed: 300 * M, per: 50 * M, jump_after: None, capacity: u64::MAX, calls: vec![] };
+        let plan = plan(&mut p, b, &cfg).unwrap();
+        assert_eq!(plan.batch, 32);
+    }
+
+    #[test]
+    fn steps_down_when_small_probes_underestimate() {
+        // past batch 16 a workspace of 2 GiB appears that the probes at 1, 2, 4 cannot see
+        let (b, cfg) = budget(100_000 * M, Some(8192 * M));
+        let mut p = Fake { fixed: 300 * M, per: 50 * M, jump_after: Some((16, 2048 * M)), capacity: u64::MAX, calls: vec![] };
+        let plan = plan(&mut p, b.clone(), &cfg).unwrap();
+        // the true largest fitting batch
+        let truth = (1..=256).rev().find(|&n| 300 * M + 50 * M * n as u64 + if n > 16 { 2048 * M } else { 0 } <= b.bytes).unwrap();
+        assert!(plan.verified_peak <= b.bytes);
+        assert!(plan.batch <= truth, "chose {} > truth {}", plan.batch, truth);
+        assert!(plan.batch as f64 >= 0.9 * truth as f64, "chose {} < 90% of {}", plan.batch, truth);
+    }
+
+    #[test]
+    fn never_returns_a_batch_at_or_above_one_that_failed() {
+        // the device itself has less than the budget (another process took memory)
+        let (b, cfg) = budget(100_000 * M, Some(8192 * M));
+        let mut p = Fake { fixed: 300 * M, per: 50 * M, jump_after: None, capacity: 3000 * M, calls: vec![] };
+        let plan = plan(&mut p, b, &cfg).unwrap();
+        let oom_batches: Vec<usize> = p.calls.iter().copied().filter(|&n| 300 + 50 * n as u64 > 3000).collect();
+        assert!(!oom_batches.is_empty(), "the first verify should have failed");
+        assert!(plan.batch < *oom_batches.iter().min().unwrap());
+        assert!(plan.batch <= 54 && plan.batch as f64 >= 0.9 * 54.0, "chose {}", plan.batch); // (3000 - 300) / 50 fits
+        assert!(plan.steps.iter().any(|s| s.outcome.starts_with("out of memory")));
+    }
+
+    #[test]
+    fn fails_cleanly_when_nothing_fits() {
+        let (b, cfg) = budget(1000 * M, None);
+        let mut p = Fake { fixed: 2000 * M, per: 50 * M, jump_after: None, capacity: u64::MAX, calls: vec![] };
+        assert!(matches!(plan(&mut p, b, &cfg), Err(PlanError::NothingFits(_))));
+        let (b, cfg) = budget(100_000 * M, None);
+        let mut p = Fake { fixed: 2000 * M, per: 50 * M, jump_after: None, capacity: 10 * M, calls: vec![] };
+        assert!(matches!(plan(&mut p, b, &cfg), Err(PlanError::NothingFits(_))));
+    }
+
+    #[test]
+    fn rejects_bad_settings() {
+        let (b, mut cfg) = budget(1000 * M, None);
+        cfg.memory_fraction = 1.5;
+        let mut p = Fake { fixed: 0, per: M, jump_after: None, capacity: u64::MAX, calls: vec![] };
+        assert!(matches!(plan(&mut p, b.clone(), &cfg), Err(PlanError::Config(_))));
+        cfg.memory_fraction = 0.8;
+        cfg.probe_batches = vec![4, 2];
+        assert!(matches!(plan(&mut p, b, &cfg), Err(PlanError::Config(_))));
+    }
+
+    #[test]
+    fn plans_a_real_model_on_the_cpu_within_a_small_limit() {
+        use crate::model::{BuildOptions, Variant, YoloV9};
+        let ck = crate::randweights::random_checkpoint(Variant::T, 0).unwrap();
+        let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(candle_core::Device::Cpu, candle_core::DType::F32)).unwrap();
+        let det = Detector::from_model(model, 64);
+        let mut prober = DetectorProber::new(&det);
+        let cfg = PlannerConfig { memory_limit: Some(256 << 20), max_batch: 64, ..Default::default() };
+        let budget = Budget::new(devmem::device_memory(&candle_core::Device::Cpu).unwrap(), &cfg);
+        let plan = plan(&mut prober, budget.clone(), &cfg).unwrap();
+        assert!(plan.batch >= 1 && plan.batch <= 64);
+        assert!(plan.verified_peak <= budget.bytes);
+        assert!(plan.fit.per_image > 0.0);
+    }
+}
