@@ -8,3 +8,4 @@ pub mod weights;
 pub mod annotate;
 pub mod detector;
 pub mod device;
+pub mod eval;

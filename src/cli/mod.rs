@@ -2,6 +2,7 @@
 
 mod convert;
 mod detect;
+mod eval;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +48,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Measure mAP50, mAP50-95, precision and recall on a YOLO-format dataset (as ultralytics val).
+    Eval(eval::EvalArgs),
     /// Fold a checkpoint (BatchNorm, RepConv) into a safetensors file that loads fastest.
     Convert(convert::ConvertArgs),
     /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
@@ -63,6 +66,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
         Cmd::Detect(a) => detect::run(a),
         Cmd::Convert(a) => convert::run(a),
+        Cmd::Eval(a) => eval::run(a),
         Cmd::Info { model, imgsz, json } => info(&model, imgsz, json),
         Cmd::Letterbox { image, imgsz, out } => letterbox(&image, imgsz, &out),
     }
