@@ -9,3 +9,4 @@ pub mod annotate;
 pub mod detector;
 pub mod device;
 pub mod eval;
+pub mod samples;

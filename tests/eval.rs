@@ -1,146 +1,19 @@
 //! End-to-end evaluation of the committed default model (`models/yolov9t-shapes.safetensors`) on
-//! a small shapes set drawn here with the `image` crate (a different renderer from the training
-//! generator, so this is also a check that the model learned shapes, not the generator's
-//! pixels), through the library and through the `yolo-edge eval` command.
+//! the pictures `yolo_edge::samples` draws (a different renderer from the training generator,
+//! so this also checks that the model learned shapes, not the generator's pixels), through the
+//! library and through the `yolo-edge eval` command.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use image::{Rgb, RgbImage};
 use yolo_edge::detector::Detector;
 use yolo_edge::eval::{self, dataset::Dataset, EvalOptions};
+use yolo_edge::samples;
 
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/yolov9t-shapes.safetensors");
 
-#[derive(Clone, Copy)]
-enum Shape {
-    Circle,
-    Square,
-    Triangle,
-    Star,
-    Ring,
-}
-
-impl Shape {
-    fn class_id(self) -> usize {
-        self as usize
-    }
-}
-
-/// Coverage (0..1) of a pixel by a shape, 4x4 supersampled.
-fn coverage(inside: &dyn Fn(f64, f64) -> bool, x: u32, y: u32) -> f64 {
-    let mut n = 0;
-    for i in 0..4 {
-        for j in 0..4 {
-            if inside(x as f64 + (i as f64 + 0.5) / 4.0, y as f64 + (j as f64 + 0.5) / 4.0) {
-                n += 1;
-            }
-        }
-    }
-    n as f64 / 16.0
-}
-
-fn point_in_polygon(px: f64, py: f64, pts: &[(f64, f64)]) -> bool {
-    let mut inside = false;
-    let mut j = pts.len() - 1;
-    for i in 0..pts.len() {
-        let ((xi, yi), (xj, yj)) = (pts[i], pts[j]);
-        if (yi > py) != (yj > py) && px < (xj - xi) * (py - yi) / (yj - yi) + xi {
-            inside = !inside;
-        }
-        j = i;
-    }
-    inside
-}
-
-/// Paints one shape of radius `r` at (cx, cy), rotated by `angle`; returns its box (xyxy).
-fn paint(img: &mut RgbImage, shape: Shape, cx: f64, cy: f64, r: f64, angle: f64, colour: [u8; 3]) -> [f64; 4] {
-    let poly = |n: usize, radius: &dyn Fn(usize) -> f64| -> Vec<(f64, f64)> {
-        (0..n)
-            .map(|k| {
-                let a = angle + k as f64 * std::f64::consts::TAU / n as f64;
-                (cx + radius(k) * a.cos(), cy + radius(k) * a.sin())
-            })
-            .collect()
-    };
-    let pts = match shape {
-        Shape::Square => poly(4, &|_| r),
-        Shape::Triangle => poly(3, &|_| r),
-        Shape::Star => poly(10, &|k| if k % 2 == 0 { r } else { r * 0.45 }),
-        Shape::Circle | Shape::Ring => vec![],
-    };
-    let inside: Box<dyn Fn(f64, f64) -> bool> = match shape {
-        Shape::Circle => Box::new(move |x, y| (x - cx).powi(2) + (y - cy).powi(2) <= r * r),
-        Shape::Ring => Box::new(move |x, y| {
-            let d2 = (x - cx).powi(2) + (y - cy).powi(2);
-            d2 <= r * r && d2 >= (0.6 * r).powi(2)
-        }),
-        _ => {
-            let pts = pts.clone();
-            Box::new(move |x, y| point_in_polygon(x, y, &pts))
-        }
-    };
-    let bbox = if pts.is_empty() {
-        [cx - r, cy - r, cx + r, cy + r]
-    } else {
-        let xs = pts.iter().map(|p| p.0);
-        let ys = pts.iter().map(|p| p.1);
-        [xs.clone().fold(f64::MAX, f64::min), ys.clone().fold(f64::MAX, f64::min), xs.fold(f64::MIN, f64::max), ys.fold(f64::MIN, f64::max)]
-    };
-    let (x0, y0) = ((bbox[0].floor().max(0.0)) as u32, (bbox[1].floor().max(0.0)) as u32);
-    let (x1, y1) = ((bbox[2].ceil() as u32).min(img.width() - 1), (bbox[3].ceil() as u32).min(img.height() - 1));
-    for y in y0..=y1 {
-        for x in x0..=x1 {
-            let a = coverage(&*inside, x, y);
-            if a > 0.0 {
-                let p = img.get_pixel_mut(x, y);
-                for c in 0..3 {
-                    p.0[c] = (p.0[c] as f64 * (1.0 - a) + colour[c] as f64 * a).round() as u8;
-                }
-            }
-        }
-    }
-    bbox
-}
-
-/// Writes `images/test/*.png` and `labels/test/*.txt` under `root`: six scenes, every class
-/// several times, on gradient backgrounds.
 fn write_dataset(root: &Path) {
-    use Shape::*;
-    let scenes: [(u32, u32, &[(Shape, f64, f64, f64, f64)]); 6] = [
-        (416, 320, &[(Circle, 90.0, 90.0, 50.0, 0.0), (Square, 250.0, 100.0, 60.0, 0.3), (Star, 330.0, 240.0, 55.0, 0.1)]),
-        (320, 416, &[(Triangle, 100.0, 110.0, 60.0, 0.5), (Ring, 210.0, 290.0, 70.0, 0.0)]),
-        (416, 416, &[(Star, 100.0, 100.0, 65.0, 0.7), (Circle, 300.0, 110.0, 40.0, 0.0), (Triangle, 150.0, 300.0, 55.0, 1.2), (Square, 310.0, 300.0, 50.0, 0.0)]),
-        (400, 300, &[(Ring, 110.0, 150.0, 80.0, 0.0), (Star, 300.0, 150.0, 70.0, 0.3)]),
-        (360, 360, &[(Square, 110.0, 250.0, 70.0, 0.8), (Circle, 250.0, 90.0, 60.0, 0.0), (Ring, 280.0, 270.0, 45.0, 0.0)]),
-        (416, 352, &[(Triangle, 300.0, 120.0, 75.0, 2.0), (Square, 100.0, 90.0, 45.0, 0.2), (Star, 120.0, 260.0, 60.0, 0.0), (Circle, 300.0, 280.0, 45.0, 0.0)]),
-    ];
-    let colours = [[220, 40, 40], [30, 160, 60], [40, 70, 220], [240, 200, 30], [160, 40, 190], [20, 20, 20]];
-    std::fs::create_dir_all(root.join("images/test")).unwrap();
-    std::fs::create_dir_all(root.join("labels/test")).unwrap();
-    for (i, (w, h, objs)) in scenes.iter().enumerate() {
-        let (top, bottom) = ([200.0, 205.0, 215.0], [120.0, 135.0, 150.0]);
-        let mut img = RgbImage::from_fn(*w, *h, |_, y| {
-            let t = y as f64 / *h as f64;
-            Rgb(std::array::from_fn(|c| (top[c] * (1.0 - t) + bottom[c] * t) as u8))
-        });
-        let mut labels = String::new();
-        for (k, &(shape, cx, cy, r, angle)) in objs.iter().enumerate() {
-            let b = paint(&mut img, shape, cx, cy, r, angle, colours[(i + k) % colours.len()]);
-            let (fw, fh) = (*w as f64, *h as f64);
-            labels += &format!(
-                "{} {:.6} {:.6} {:.6} {:.6}\n",
-                shape.class_id(),
-                (b[0] + b[2]) / 2.0 / fw,
-                (b[1] + b[3]) / 2.0 / fh,
-                (b[2] - b[0]) / fw,
-                (b[3] - b[1]) / fh
-            );
-        }
-        img.save(root.join(format!("images/test/{i:03}.png"))).unwrap();
-        std::fs::write(root.join(format!("labels/test/{i:03}.txt")), labels).unwrap();
-    }
-    std::fs::write(root.join("data.yaml"), "test: images/test\nnames: [circle, square, triangle, star, ring]\n").unwrap();
+    samples::write_yolo_dataset(root, "test").unwrap();
 }
 
 #[test]
