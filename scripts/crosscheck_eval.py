@@ -3,10 +3,14 @@
 ultralytics NMS (multi-label), `match_predictions` and `ap_per_class` on pictures letterboxed the
 way its predictor (and yolo-edge) does, instead of its val loader's ceil-resize.
 
-Usage: python3 scripts/crosscheck_eval.py best.pt DATASET_DIR   (DATASET_DIR/images/test, labels/test)
+Usage: python3 scripts/crosscheck_eval.py best.pt DATASET_DIR [IMGSZ]  (DATASET_DIR/images/test, labels/test)
 """
-# ultralytics' own NMS/matching/AP code on pictures letterboxed the way its predictor (and yolo-edge) does
-import sys, glob, os, numpy as np, torch, cv2
+import glob
+import sys
+
+import cv2
+import numpy as np
+import torch
 from ultralytics import YOLO
 from ultralytics.data.augment import LetterBox
 from ultralytics.utils import nms
@@ -14,7 +18,8 @@ from ultralytics.utils.metrics import ap_per_class, box_iou
 from ultralytics.engine.validator import BaseValidator
 torch.set_num_threads(2)
 m = YOLO(sys.argv[1]).model.float().eval().fuse()
-root = sys.argv[2]; S = 416
+root = sys.argv[2]
+S = int(sys.argv[3]) if len(sys.argv) > 3 else 416
 class V: pass
 v = V(); v.iouv = torch.linspace(0.5, 0.95, 10)
 tps, confs, pcls, tcls = [], [], [], []
@@ -26,7 +31,8 @@ for f in sorted(glob.glob(f"{root}/images/test/*.*")):
     left = round((S - nw) / 2 - 0.1); top = round((S - nh) / 2 - 0.1)
     t = torch.from_numpy(x[..., ::-1].copy()).permute(2, 0, 1)[None].float() / 255
     with torch.no_grad():
-        p = m(t)[0] if isinstance(m(t), (list, tuple)) else m(t)
+        p = m(t)
+        p = p[0] if isinstance(p, (list, tuple)) else p
     out = nms.non_max_suppression(p, 0.001, 0.7, multi_label=True, max_det=300)[0]
     g = np.loadtxt(f.replace("/images/", "/labels/").rsplit(".", 1)[0] + ".txt", ndmin=2)
     gc = torch.tensor(g[:, 0]); gb = torch.tensor(g[:, 1:], dtype=torch.float32)
