@@ -24,3 +24,5 @@ pub mod fastconv;
 pub mod planner;
 pub mod randweights;
 pub mod startup;
+pub mod eval;
+pub mod samples;

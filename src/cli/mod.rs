@@ -5,6 +5,7 @@ mod convert;
 mod detect;
 mod run;
 mod plan;
+mod eval;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,6 +51,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Measure mAP50, mAP50-95, precision and recall on a YOLO-format dataset (as ultralytics val).
+    Eval(eval::EvalArgs),
     /// Fold a checkpoint (BatchNorm, RepConv) into a safetensors file that loads fastest.
     Convert(convert::ConvertArgs),
     /// Run the edge agent: sources -> batched inference -> MQTT (until SIGTERM/SIGINT).
@@ -75,6 +78,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Convert(a) => convert::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Plan(a) => plan::run(a),
+        Cmd::Eval(a) => eval::run(a),
         Cmd::Info { model, imgsz, json } => info(&model, imgsz, json),
         Cmd::Letterbox { image, imgsz, out } => letterbox(&image, imgsz, &out),
     }
