@@ -365,7 +365,7 @@ impl<'de> Deserialize<'de> for TopicLevel {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = String::deserialize(d)?;
         if !valid_level(&v) {
-            return Err(serde::de::Error::custom(format!("`{v}` must be a non-empty topic level without '/', '+', '#' or spaces")));
+            return Err(serde::de::Error::custom(format!("id `{v}` must be a non-empty topic level without '/', '+', '#' or spaces")));
         }
         Ok(Self(v))
     }
@@ -848,8 +848,9 @@ path = "/in"
         assert!(e.contains("`device.max_wait_ms`"), "{e}");
         let e = err(&MIN.replace("[spool]", "[device]\nbatch = 64\nmax_batch = 8\n[spool]"));
         assert!(e.contains("`device.batch`") && e.contains(":8:"), "{e}");
+        // inside the tagged `[[sources]]` table the path ends at the entry; the message names the field
         let e = err(&MIN.replace("id = \"cam\"", "id = \"a/b\""));
-        assert!(e.contains("sources[0].id"), "{e}");
+        assert!(e.contains("`sources[0]`") && e.contains("id `a/b`"), "{e}");
     }
 
     #[test]

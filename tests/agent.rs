@@ -110,7 +110,7 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     let jpeg = small_jpeg("horses.jpg", 64);
     let names = drop_images(&conf.input, 0, 2000, &jpeg);
     for (round, at) in [(1, 400usize), (2, 1100)] {
-        wait_until(Duration::from_secs(240), "progress before broker stop", || col.detections().len() >= at);
+        wait_until(Duration::from_secs(600), "progress before broker stop", || col.detections().len() >= at);
         broker.stop();
         // the agent keeps processing into its spool meanwhile
         let done_before = files_in(&conf.input.join("done")).len();
@@ -118,7 +118,7 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
         broker.restart();
         eprintln!("broker restart {round} done");
     }
-    wait_until(Duration::from_secs(300), "2000 distinct detections", || {
+    wait_until(Duration::from_secs(600), "2000 distinct detections", || {
         col.detections().iter().map(|m| m.json()["seq"].as_u64().unwrap()).collect::<BTreeSet<_>>().len() >= 2000
     });
     wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == 2000);
