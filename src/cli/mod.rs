@@ -57,11 +57,11 @@ enum Cmd {
     Convert(convert::ConvertArgs),
     /// Run the edge agent: sources -> batched inference -> MQTT (until SIGTERM/SIGINT).
     Run(run::RunArgs),
-    /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
     /// Throughput, latency and peak memory against batch size (Markdown, CSV, JSON, PNG).
     Bench(bench::BenchArgs),
     /// Pick the batch size from the device's memory and explain the decision.
     Plan(plan::PlanArgs),
+    /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
     Letterbox {
         image: PathBuf,
         #[arg(long, default_value_t = 640)]
