@@ -48,13 +48,12 @@ struct Calib {
 
 /// Reads a conv weight `[c2, c1/g, k, k]` and infers the group count from its shape.
 fn conv_weight(vb: &Vb, name: &str, c1: usize, c2: usize, k: usize) -> Result<(Tensor, usize), ModelError> {
-    let full = vb.name(name);
     let shape = vb.shape_of(name).unwrap_or_default();
     let groups = match shape.as_slice() {
         [o, i, kh, kw] if *o == c2 && *kh == k && *kw == k && *i > 0 && c1 % *i == 0 => c1 / *i,
         _ => 1,
     };
-    let w = vb.get(name, &[c2, c1 / groups, k, k]).map_err(|e| e.with_name(&full))?;
+    let w = vb.get(name, &[c2, c1 / groups, k, k])?;
     Ok((w, groups))
 }
 

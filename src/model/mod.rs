@@ -30,13 +30,6 @@ pub enum ModelError {
     Candle(#[from] candle_core::Error),
 }
 
-impl ModelError {
-    /// Leaves errors that already name a tensor alone.
-    fn with_name(self, _name: &str) -> Self {
-        self
-    }
-}
-
 /// Where BatchNorm statistics measured during calibration are collected.
 pub(crate) type CalibSink = Arc<Mutex<Vec<(String, Tensor, Tensor)>>>;
 type ExportSink = Arc<Mutex<Vec<(String, Tensor)>>>;
