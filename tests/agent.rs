@@ -377,7 +377,8 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     let door: Vec<_> = col.detections().into_iter().filter(|m| m.topic.ends_with("/detections/door")).collect();
     assert_eq!(door.len(), 1);
     check_detection(&door[0], "box-1");
-    assert_eq!(files_in(&conf.input.join("done")).len(), 2);
+    // files move to done/ once their results are published (the broker acked), so wait for it
+    wait_until(T, "both good files in done/", || files_in(&conf.input.join("done")).len() == 2);
 
     // the folder disappears and comes back
     std::fs::rename(&conf.input, tmp.path().join("moved-away")).unwrap();
