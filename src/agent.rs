@@ -17,7 +17,10 @@ use crate::pipeline::{Control, ModelMeta, Pipeline};
 use crate::publisher::{self, PublisherParts};
 use crate::sources::{folder, mqtt as mqtt_source};
 use crate::spool::{Spool, SpoolError};
-use crate::telemetry::{CpuMemory, MemorySource, Stats, UnknownMemory};
+use crate::devmem::{self, PeakMeter};
+use crate::planner::{self, Budget, DetectorProber, Plan, PlanError, PlannerConfig, MIB};
+use crate::startup::{self, StartupTimes};
+use crate::telemetry::{DeviceMemorySource, MemorySource, Stats};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -29,6 +32,10 @@ pub enum AgentError {
     Model { path: PathBuf, source: crate::model::ModelError },
     #[error(transparent)]
     Spool(#[from] SpoolError),
+    #[error("cannot plan the batch size: {0}")]
+    Plan(#[from] PlanError),
+    #[error("first forward pass failed: {0}")]
+    Warmup(candle_core::Error),
     #[error("cannot start the agent: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -41,15 +48,54 @@ pub fn boot_id() -> String {
     })
 }
 
-/// The batch the agent starts with, and why.
-pub fn startup_batch(cfg: &Config, device: &Device) -> (usize, String) {
-    match cfg.device.batch {
-        BatchSpec::Fixed(b) => (b, format!("fixed by config (batch = {b})")),
-        // Until the memory planner (issue 4) lands: a conservative start; the runtime OOM
-        // fallback lowers it when the device cannot hold it.
-        BatchSpec::Auto if device.is_cuda() => (cfg.device.max_batch, "auto: max_batch, lowered on OOM".into()),
-        BatchSpec::Auto => (cfg.device.max_batch.min(4), "auto on CPU: min(max_batch, 4)".into()),
+/// The batch the agent starts with, why, and the planner's decision when it ran.
+#[derive(Debug, Clone)]
+pub struct BatchDecision {
+    pub batch: usize,
+    pub reason: String,
+    pub plan: Option<Plan>,
+}
+
+/// Decides the startup batch: fixed by config, or (`batch = "auto"`) planned from the device's
+/// memory with the loaded model: probe, fit, choose, verify (see [`crate::planner`]).
+pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, AgentError> {
+    if let BatchSpec::Fixed(b) = cfg.device.batch {
+        return Ok(BatchDecision { batch: b, reason: format!("fixed by config (batch = {b})"), plan: None });
     }
+    let pc = PlannerConfig {
+        memory_limit: cfg.device.memory_limit,
+        memory_fraction: cfg.device.memory_fraction,
+        max_batch: cfg.device.max_batch,
+        probe_batches: [1, 2, 4].into_iter().filter(|&b| b <= cfg.device.max_batch).collect(),
+    };
+    let meter = PeakMeter::new(det.device());
+    // the budget is what is free with the model loaded (and cached pool memory given back)
+    meter.trim().map_err(PlanError::from)?;
+    let budget = Budget::new(devmem::device_memory(det.device()).map_err(PlanError::from)?, &pc);
+    let decision = match planner::plan(&mut DetectorProber::new(det), budget, &pc) {
+        Ok(plan) => BatchDecision {
+            batch: plan.batch,
+            reason: format!(
+                "planned: batch {} of max {}; predicted peak {:.1} MiB, verified {:.1} MiB, budget {:.1} MiB",
+                plan.batch,
+                plan.max_batch,
+                plan.predicted_peak as f64 / MIB,
+                plan.verified_peak as f64 / MIB,
+                plan.budget.bytes as f64 / MIB
+            ),
+            plan: Some(plan),
+        },
+        // the device is short of memory right now: start small, the OOM fallback guards the rest
+        Err(e @ PlanError::NothingFits(_)) => {
+            tracing::warn!(error = %e, "no batch fits the memory budget; starting at batch 1");
+            BatchDecision { batch: 1, reason: format!("planner: {e}; starting at batch 1"), plan: None }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // what telemetry's high-water mark reports is the running agent, not the probes
+    let _ = meter.trim();
+    let _ = meter.reset();
+    Ok(decision)
 }
 
 fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector, AgentError> {
@@ -59,10 +105,27 @@ fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector
 /// Runs the agent until SIGTERM/SIGINT; returns once everything is drained and `offline` sent.
 pub fn run(config_path: &Path) -> Result<(), AgentError> {
     let cfg = Arc::new(Config::load(config_path)?);
+    // before the CUDA context exists: the driver reads the JIT cache location at init
+    let compute_cache = startup::configure_compute_cache();
     let device = crate::device::parse_device(&cfg.device.device)?;
     let dtype = crate::device::parse_dtype(&cfg.device.dtype, &device)?;
+    let t0 = std::time::Instant::now();
     let detector = load_detector(&cfg, &device, dtype)?;
-    let (batch, batch_reason) = startup_batch(&cfg, &device);
+    let warm: Option<StartupTimes> = if device.is_cuda() {
+        // kernels compiled (or loaded from the cache) now, not on the first frame
+        let st = startup::warm_up(&detector, t0.elapsed().as_secs_f64() * 1e3).map_err(AgentError::Warmup)?;
+        tracing::info!(load_ms = st.load_ms, first_forward_ms = st.first_forward_ms, second_forward_ms = st.second_forward_ms, compute_cache = ?compute_cache, "model warm");
+        Some(st)
+    } else {
+        None
+    };
+    let decision = startup_batch(&cfg, &detector)?;
+    if let Some(p) = &decision.plan {
+        for r in &p.reasons {
+            tracing::info!(reason = %r, "batch plan");
+        }
+    }
+    let (batch, batch_reason) = (decision.batch, decision.reason.clone());
     let spool = Spool::open(&cfg.spool.dir, cfg.spool.max_bytes)?;
     if !spool.is_empty() {
         tracing::info!(entries = spool.len(), "spool holds messages from a previous run; replaying after connect");
@@ -70,7 +133,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     tracing::info!(model = %cfg.model.path.display(), device = %crate::device::device_name(&device), dtype = crate::device::dtype_name(dtype), batch, reason = %batch_reason, "agent starting");
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().thread_name("agent-io").build()?;
-    rt.block_on(run_async(cfg, device, dtype, detector, batch, batch_reason, spool))
+    rt.block_on(run_async(cfg, device, dtype, detector, decision, warm, spool))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -79,11 +142,16 @@ async fn run_async(
     device: Device,
     dtype: DType,
     detector: Detector,
-    batch: usize,
-    batch_reason: String,
+    decision: BatchDecision,
+    warm: Option<StartupTimes>,
     spool: Spool,
 ) -> Result<(), AgentError> {
     let stats = Arc::new(Stats::default());
+    let (batch, batch_reason) = (decision.batch, decision.reason.clone());
+    if let Some(p) = &decision.plan {
+        stats.plan_predicted_peak.store(p.predicted_peak, Relaxed);
+        stats.plan_verified_peak.store(p.verified_peak, Relaxed);
+    }
     let boot = boot_id();
     let (events, events_rx) = EventSink::new(1024, stats.clone());
     let (cfg_tx, cfg_rx) = watch::channel(cfg.clone());
@@ -97,7 +165,7 @@ async fn run_async(
     let model_meta = pipeline.model.clone();
     let control = pipeline.control.clone();
 
-    let memory: Arc<dyn MemorySource> = if device.is_cuda() { Arc::new(UnknownMemory) } else { Arc::new(CpuMemory) };
+    let memory: Arc<dyn MemorySource> = Arc::new(DeviceMemorySource::new(&device));
     let info = {
         let model_meta = model_meta.clone();
         let cfg_rx = cfg_rx.clone();
@@ -122,7 +190,9 @@ async fn run_async(
                     "startup": stats.batch_startup.load(Relaxed), "current": stats.batch_current.load(Relaxed),
                     "max_batch": c.device.max_batch, "reason": batch_reason,
                     "memory_fraction": c.device.memory_fraction, "memory_limit": c.device.memory_limit,
+                    "plan": decision.plan,
                 },
+                "startup": warm,
                 "config_sha256": c.sha256,
                 "sources": c.sources.iter().map(|s| s.id().to_string()).collect::<Vec<_>>(),
                 "protocol": c.mqtt.protocol,

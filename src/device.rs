@@ -30,6 +30,9 @@ pub fn parse_device(s: &str) -> Result<Device, DeviceError> {
 
 #[cfg(feature = "cuda")]
 fn cuda(index: usize) -> Result<Device, DeviceError> {
+    // every entry point (detect, eval, run, bench, plan) gets the persistent JIT cache; this must
+    // happen before the driver initialises
+    crate::startup::configure_compute_cache();
     Device::new_cuda(index).map_err(|e| DeviceError::Cuda { index, reason: e.to_string() })
 }
 

@@ -169,6 +169,16 @@ impl PeakMeter {
         }
     }
 
+    /// Like [`usage`](Self::usage) but without synchronising the device first, for telemetry
+    /// read beside running work (the figures may lag the queued work by a few kernels).
+    pub fn snapshot(&self) -> Result<Usage, DevMemError> {
+        match &self.device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => cuda::pool_usage(d),
+            _ => self.usage(),
+        }
+    }
+
     /// Returns cached but unused pool memory to the device (CUDA); a no-op on the CPU.
     pub fn trim(&self) -> Result<(), DevMemError> {
         match &self.device {
@@ -229,6 +239,10 @@ mod cuda {
 
     pub fn usage(d: &CudaDevice) -> Result<Usage, DevMemError> {
         d.cuda_stream().synchronize().map_err(err("cuStreamSynchronize"))?;
+        pool_usage(d)
+    }
+
+    pub fn pool_usage(d: &CudaDevice) -> Result<Usage, DevMemError> {
         let p = pool(d)?;
         use sys::CUmemPool_attribute as A;
         Ok(Usage {

@@ -8,6 +8,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::devmem::{self, PeakMeter};
+
 /// Samples kept per stage for the percentiles.
 const WINDOW: usize = 2048;
 
@@ -23,62 +25,37 @@ pub struct DeviceMemory {
     pub process_high_water: Option<u64>,
 }
 
-/// Where device memory figures come from; the CUDA implementation belongs to the memory planner.
+/// Where device memory figures come from (a trait, so that tests can stand in for a device).
 pub trait MemorySource: Send + Sync {
     fn query(&self) -> DeviceMemory;
 }
 
-/// The CPU device: `MemTotal`/`MemAvailable` from /proc/meminfo, capped by the cgroup limit.
-pub struct CpuMemory;
+/// The figures of one device through [`devmem`]: the CUDA driver and the stream-ordered pool
+/// (or /proc/meminfo and the cgroup limit, and this process's RSS/VmHWM, on the CPU).
+pub struct DeviceMemorySource {
+    device: candle_core::Device,
+    meter: PeakMeter,
+}
 
-impl MemorySource for CpuMemory {
+impl DeviceMemorySource {
+    pub fn new(device: &candle_core::Device) -> Self {
+        Self { device: device.clone(), meter: PeakMeter::new(device) }
+    }
+}
+
+impl MemorySource for DeviceMemorySource {
     fn query(&self) -> DeviceMemory {
-        let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let kb = |key: &str| {
-            info.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(|v| v * 1024)
-        };
-        let (mut total, mut free) = (kb("MemTotal:"), kb("MemAvailable:"));
-        if let Some((limit, current)) = cgroup_memory() {
-            total = Some(total.map_or(limit, |t| t.min(limit)));
-            let cg_free = limit.saturating_sub(current);
-            free = Some(free.map_or(cg_free, |f| f.min(cg_free)));
-        }
-        let rss = process_rss();
+        let mem = devmem::device_memory(&self.device).ok();
+        // no synchronisation: telemetry must not stall the inference stream
+        let usage = self.meter.snapshot().ok();
         DeviceMemory {
-            total,
-            free,
-            used: total.zip(free).map(|(t, f)| t.saturating_sub(f)),
-            process_used: rss,
-            process_reserved: rss,
-            process_high_water: process_hwm(),
+            total: mem.map(|m| m.total),
+            free: mem.map(|m| m.free),
+            used: mem.map(|m| m.total.saturating_sub(m.free)),
+            process_used: usage.map(|u| u.used),
+            process_reserved: usage.map(|u| u.reserved),
+            process_high_water: usage.map(|u| u.used_high),
         }
-    }
-}
-
-/// Reports nothing: a device whose figures are not wired up yet (CUDA until the planner lands).
-pub struct UnknownMemory;
-impl MemorySource for UnknownMemory {
-    fn query(&self) -> DeviceMemory {
-        DeviceMemory::default()
-    }
-}
-
-/// cgroup v2 (or v1) memory limit and usage of this process, when limited.
-fn cgroup_memory() -> Option<(u64, u64)> {
-    let read = |p: &str| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
-    let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let v2 = cg.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/");
-    let base = format!("/sys/fs/cgroup{}", if v2 == "/" { "" } else { v2 });
-    if let (Some(limit), Some(cur)) = (read(&format!("{base}/memory.max")), read(&format!("{base}/memory.current"))) {
-        return Some((limit, cur));
-    }
-    match (read("/sys/fs/cgroup/memory/memory.limit_in_bytes"), read("/sys/fs/cgroup/memory/memory.usage_in_bytes")) {
-        (Some(l), Some(c)) if l < (1 << 60) => Some((l, c)),
-        _ => None,
     }
 }
 
@@ -97,10 +74,6 @@ fn status_kb(key: &str) -> Option<u64> {
 /// Resident set size of this process.
 pub fn process_rss() -> Option<u64> {
     status_kb("VmRSS:")
-}
-/// Peak resident set size of this process.
-pub fn process_hwm() -> Option<u64> {
-    status_kb("VmHWM:")
 }
 
 /// Pipeline stages whose latency is tracked.
@@ -131,6 +104,9 @@ pub struct Stats {
     pub last_oom_unix_ms: AtomicU64,
     pub batch_current: AtomicU64,
     pub batch_startup: AtomicU64,
+    /// The planner's predicted and verified peak bytes at the startup batch (0: not planned).
+    pub plan_predicted_peak: AtomicU64,
+    pub plan_verified_peak: AtomicU64,
     pub model_reloads: AtomicU64,
     pub config_applied: AtomicU64,
     pub config_rejected: AtomicU64,
@@ -193,6 +169,10 @@ impl FpsMeter {
 }
 
 /// Builds the `telemetry` message.
+fn nonzero(v: u64) -> Option<u64> {
+    (v != 0).then_some(v)
+}
+
 pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, base: serde_json::Value) -> serde_json::Value {
     let g = |a: &AtomicU64| a.load(Relaxed);
     let mut v = base;
@@ -206,7 +186,8 @@ pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, base
     v["batch"] = serde_json::json!({
         "current": g(&stats.batch_current), "startup": g(&stats.batch_startup),
         "oom_fallbacks": g(&stats.oom_fallbacks),
-        "last_oom_ms": if last_oom == 0 { None } else { Some(last_oom) },
+        "last_oom_ms": nonzero(last_oom),
+        "predicted_peak": nonzero(g(&stats.plan_predicted_peak)), "verified_peak": nonzero(g(&stats.plan_verified_peak)),
     });
     v["fps"] = serde_json::json!((fps * 100.0).round() / 100.0);
     v["frames"] = serde_json::json!({
@@ -243,7 +224,8 @@ mod tests {
         }
         let p = s.percentiles(Stage::Infer);
         assert_eq!((p.p50.round(), p.p90.round(), p.p99.round()), (51.0, 90.0, 99.0));
-        let m = CpuMemory.query();
+        let m = DeviceMemorySource::new(&candle_core::Device::Cpu).query();
+        assert!(m.process_used.unwrap() > 0 && m.process_high_water.unwrap() >= m.process_used.unwrap());
         assert!(m.total.unwrap() > 0 && m.free.unwrap() <= m.total.unwrap());
         assert!(process_rss().unwrap() > 0);
     }

@@ -396,6 +396,58 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
 }
 
 #[test]
+fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    // at 160x160 the model needs ~5-6 MiB per picture on the CPU: a 60 MiB cap (48 MiB budget)
+    // holds far fewer than max_batch 16
+    conf.batch = 16;
+    conf.batch_auto = true;
+    conf.device_extra = "memory_limit = \"60MiB\"\nmemory_fraction = 0.8\n".into();
+    conf.max_wait_ms = 300;
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "info", || !col.on("/info").is_empty());
+    let info = col.on("/info")[0].json();
+    let bp = &info["batch_plan"];
+    let plan = &bp["plan"];
+    assert!(plan.is_object(), "the planner ran: {bp}");
+    let chosen = plan["batch"].as_u64().unwrap();
+    assert_eq!(bp["startup"].as_u64(), Some(chosen));
+    assert!((1..16).contains(&chosen), "the memory limit, not max_batch, decides: {plan}");
+    let budget = plan["budget"]["bytes"].as_f64().unwrap();
+    let expect = (60.0 * 1048576.0f64).min(plan["budget"]["free"].as_f64().unwrap()) * 0.8;
+    assert!((budget - expect).abs() < 2.0, "budget = min(free, limit) x fraction: {budget} vs {expect}");
+    let verified = plan["verified_peak"].as_f64().unwrap();
+    assert!(verified > 0.0 && verified <= budget, "verified peak within the budget: {plan}");
+    let steps = plan["steps"].as_array().unwrap();
+    let probes: Vec<u64> = steps.iter().filter(|s| s["purpose"] == "probe").map(|s| s["batch"].as_u64().unwrap()).collect();
+    assert_eq!(probes, [1, 2, 4], "{steps:?}");
+    assert!(steps.iter().any(|s| s["purpose"] == "verify" && s["batch"].as_u64() == Some(chosen) && s["outcome"] == "ok"), "the chosen batch was verified: {steps:?}");
+    assert!(steps.iter().all(|s| s["outcome"] != "ok" || s["batch"].as_u64().unwrap() <= chosen), "no batch larger than the chosen one fitted: {steps:?}");
+    assert!(!plan["reasons"].as_array().unwrap().is_empty());
+    assert!(bp["reason"].as_str().unwrap().starts_with("planned"), "{bp}");
+    assert!(agent.log().contains("batch plan"), "the decision is logged");
+
+    let names = drop_images(&conf.input, 0, 40, &small_jpeg("horses.jpg", 64));
+    wait_until(T, "40 detections", || col.detections().len() >= 40);
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "every frame once, in order");
+    assert!(dets.iter().all(|d| d["batch_size"].as_u64().unwrap() <= chosen), "batches at most the planned size");
+    wait_until(T, "telemetry with the plan", || col.on("/telemetry").last().is_some_and(|m| m.json()["batch"]["verified_peak"].as_f64().is_some()));
+    let tel = col.on("/telemetry").last().unwrap().json();
+    assert_eq!(tel["batch"]["startup"].as_u64(), Some(chosen));
+    assert_eq!(tel["batch"]["verified_peak"].as_f64(), Some(verified));
+    assert!(tel["process_memory"]["high_water"].as_u64().unwrap() >= tel["process_memory"]["used"].as_u64().unwrap() / 2);
+    assert!(tel["device_memory"]["total"].as_u64().unwrap() > 0);
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
 fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };

@@ -321,6 +321,10 @@ pub struct AgentConf {
     pub spool: PathBuf,
     pub model: PathBuf,
     pub batch: usize,
+    /// `batch = "auto"` (the planner) with `batch` as max_batch.
+    pub batch_auto: bool,
+    /// Extra keys of the [device] table, e.g. `memory_limit = "60MiB"`.
+    pub device_extra: String,
     pub max_wait_ms: u64,
     pub conf: f64,
     pub telemetry_s: f64,
@@ -341,6 +345,8 @@ impl AgentConf {
             spool: dir.join("spool"),
             model: fixture("yolov9t-ball.pt"),
             batch: 4,
+            batch_auto: false,
+            device_extra: String::new(),
             max_wait_ms: 20,
             conf: 0.25,
             telemetry_s: 1.0,
@@ -356,10 +362,11 @@ impl AgentConf {
             r#"[device]
 device = "cpu"
 imgsz = 160
-batch = {batch}
+batch = {batch_value}
 max_batch = {batch}
 max_wait_ms = {wait}
 decode_threads = 2
+{device_extra}
 
 [model]
 path = "{model}"
@@ -397,6 +404,8 @@ grace_s = {grace}
 {extra}
 "#,
             batch = self.batch,
+            batch_value = if self.batch_auto { "\"auto\"".to_string() } else { self.batch.to_string() },
+            device_extra = self.device_extra,
             wait = self.max_wait_ms,
             model = self.model.display(),
             conf = self.conf,
