@@ -22,6 +22,7 @@ pub mod benchreport;
 pub mod devmem;
 pub mod fastconv;
 pub mod planner;
+pub mod profile;
 pub mod randweights;
 pub mod startup;
 pub mod eval;

@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// Output folder.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
+    /// After timing each batch, one more pass with every convolution, epilogue, concat and
+    /// upsample synchronised and timed: where the time goes (stderr and OUT/profile.csv).
+    #[arg(long)]
+    profile: bool,
     /// Chart title (default: device and date-free description).
     #[arg(long)]
     title: Option<String>,
@@ -146,6 +150,31 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
     }
 }
 
+/// One forward pass with per-operation timing; prints the table to stderr and appends it to
+/// `out/profile.csv` (model, batch, op, calls, ms, share of the pass).
+fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Path) -> candle_core::Result<()> {
+    det.device().synchronize()?;
+    yolo_edge::profile::enable(det.device());
+    let t0 = Instant::now();
+    let r = run_once(det, work);
+    let total = t0.elapsed().as_secs_f64() * 1e3;
+    let ops = yolo_edge::profile::take();
+    r?;
+    let timed: f64 = ops.iter().map(|o| o.2).sum();
+    eprintln!("profile {name} batch {batch}: {total:.2} ms with synchronisation");
+    let mut csv = String::new();
+    for (op, n, ms) in ops.iter().chain(std::iter::once(&("other (untimed ops, launches)".to_string(), 0, (total - timed).max(0.0)))) {
+        eprintln!("  {op:<40} {n:>5} calls {ms:>9.2} ms {:>5.1}%", 100.0 * ms / total);
+        csv.push_str(&format!("{name},{batch},{op},{n},{ms:.3},{:.4}\n", ms / total));
+    }
+    let _ = std::fs::create_dir_all(out);
+    let path = out.join("profile.csv");
+    let header = if path.exists() { "" } else { "model,batch,op,calls,ms,share\n" };
+    use std::io::Write;
+    let _ = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| f.write_all(format!("{header}{csv}").as_bytes()));
+    Ok(())
+}
+
 /// Times one (model, dtype, mode, batch); errors become rows.
 fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch: usize, images: &[PathBuf], a: &BenchArgs) -> Row {
     let mut row = Row { model: name.into(), dtype: device::dtype_name(det.dtype()).into(), mode: mode.into(), batch, status: Status::Ok, latency_ms: None, min_ms: None, max_ms: None, images_per_s: None, peak_mib: None, iters: 0, error: None };
@@ -173,6 +202,9 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
             let t0 = Instant::now();
             run_once(det, &work)?;
             t.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        if a.profile {
+            profile_pass(det, &work, name, batch, &a.out)?;
         }
         Ok((t, peak))
     })();

@@ -37,6 +37,108 @@ pub struct PlanArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// After planning, measure the peak at batches 1, 2, 3, 4, 6, 8, 12, ... up to the first
+    /// one over the budget (refined by bisection), and compare each with the prediction: how
+    /// good the memory model is, and the largest batch that really fits.
+    #[arg(long)]
+    sweep: bool,
+    /// After planning, run this many forward passes at the chosen batch and count
+    /// out-of-memory errors (a soak test of the decision).
+    #[arg(long, default_value_t = 0)]
+    soak: usize,
+    /// Stop the soak after this many seconds even if fewer passes ran.
+    #[arg(long, default_value_t = 120.0)]
+    soak_seconds: f64,
+}
+
+/// One measured point of `--sweep`.
+#[derive(serde::Serialize)]
+struct SweepPoint {
+    batch: usize,
+    predicted: u64,
+    measured: Option<u64>,
+    /// (predicted - measured) / measured
+    error: Option<f64>,
+    fits: bool,
+    oom: bool,
+}
+
+/// `--sweep`: measured vs predicted peaks, and the largest batch that fits the budget.
+#[derive(serde::Serialize)]
+struct Sweep {
+    points: Vec<SweepPoint>,
+    largest_fitting: usize,
+    /// chosen batch / largest fitting batch
+    chosen_share: f64,
+    /// worst |error| over the batches up to the chosen one
+    worst_error_to_chosen: f64,
+}
+
+fn sweep(prober: &DetectorProber, plan: &planner::Plan) -> Sweep {
+    let budget = plan.budget.bytes;
+    let mut points: Vec<SweepPoint> = Vec::new();
+    let measure = |b: usize, points: &mut Vec<SweepPoint>| -> bool {
+        let predicted = plan.fit.predict(b);
+        let r = prober.measure(b);
+        let (measured, oom) = match &r {
+            Ok(p) => (Some(*p), false),
+            Err(_) => (None, true),
+        };
+        let fits = measured.is_some_and(|m| m <= budget);
+        let error = measured.map(|m| (predicted as f64 - m as f64) / m as f64);
+        points.push(SweepPoint { batch: b, predicted, measured, error, fits, oom });
+        fits
+    };
+    // geometric-ish ladder, then bisection between the last fitting and the first failing batch
+    let mut ladder: Vec<usize> = vec![1, 2, 3, 4];
+    while *ladder.last().unwrap() < plan.max_batch {
+        let l = *ladder.last().unwrap();
+        ladder.push((l + l / 2).min(plan.max_batch));
+    }
+    ladder.push(plan.batch);
+    ladder.sort();
+    ladder.dedup();
+    let (mut ok, mut bad) = (0usize, None);
+    for b in ladder {
+        if measure(b, &mut points) {
+            ok = b;
+        } else {
+            bad = Some(b);
+            break;
+        }
+    }
+    if let Some(mut hi) = bad {
+        let mut lo = ok;
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if measure(mid, &mut points) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        ok = lo;
+    }
+    points.sort_by_key(|p| p.batch);
+    let worst = points.iter().filter(|p| p.batch <= plan.batch).filter_map(|p| p.error).fold(0.0f64, |a, e| a.max(e.abs()));
+    Sweep { largest_fitting: ok, chosen_share: if ok > 0 { plan.batch as f64 / ok as f64 } else { 0.0 }, worst_error_to_chosen: worst, points }
+}
+
+/// `--soak`: forward passes at the chosen batch; returns (passes, out-of-memory errors, seconds).
+fn soak(det: &yolo_edge::detector::Detector, batch: usize, n: usize, max_s: f64) -> anyhow::Result<(usize, usize, f64)> {
+    let s = det.imgsz();
+    let x = candle_core::Tensor::rand(0f32, 1f32, (batch, 3, s, s), det.device())?.to_dtype(det.dtype())?;
+    let t = Instant::now();
+    let (mut done, mut ooms) = (0, 0);
+    while done < n && t.elapsed().as_secs_f64() < max_s {
+        match det.model().forward(&x).and_then(|y| y.device().synchronize().map(|_| y)) {
+            Ok(_) => {}
+            Err(e) if yolo_edge::memory::is_oom(&e) => ooms += 1,
+            Err(e) => return Err(e.into()),
+        }
+        done += 1;
+    }
+    Ok((done, ooms, t.elapsed().as_secs_f64()))
 }
 
 pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
@@ -63,8 +165,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let plan = planner::plan(&mut DetectorProber::new(&det), budget, &cfg)?;
     let plan_ms = t1.elapsed().as_secs_f64() * 1e3;
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);
+    let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan));
+    let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds)?) } else { None };
+    let soak_json = soaked.map(|(n, ooms, secs)| serde_json::json!({"batch": plan.batch, "passes": n, "oom": ooms, "seconds": secs}));
     if a.json {
-        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms});
+        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "sweep": sw, "soak": soak_json});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("model        {name} on {} in {} at {}x{}", device::device_name(&dev), device::dtype_name(dtype), a.imgsz, a.imgsz);
@@ -85,6 +190,23 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
         println!("reasons");
         for r in &plan.reasons {
             println!("  - {r}");
+        }
+        if let Some(sw) = &sw {
+            println!("sweep (budget {:.1} MiB)", plan.budget.bytes as f64 / MIB);
+            for p in &sw.points {
+                println!(
+                    "  batch {:>4}: predicted {:>9.1} measured {:>9} error {:>7}  {}",
+                    p.batch,
+                    p.predicted as f64 / MIB,
+                    p.measured.map_or("-".into(), |m| format!("{:.1}", m as f64 / MIB)),
+                    p.error.map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
+                    if p.oom { "out of memory" } else if p.fits { "fits" } else { "over budget" }
+                );
+            }
+            println!("  largest batch that fits: {} (chosen {} = {:.0}%); worst error up to the chosen batch {:.1}%", sw.largest_fitting, plan.batch, sw.chosen_share * 100.0, sw.worst_error_to_chosen * 100.0);
+        }
+        if let Some((n, ooms, secs)) = soaked {
+            println!("soak         {n} passes at batch {} in {secs:.1} s: {ooms} out of memory", plan.batch);
         }
         println!("planned in {plan_ms:.0} ms (startup: load {:.0} ms, first forward {:.1} ms, second {:.1} ms)", st.load_ms, st.first_forward_ms, st.second_forward_ms);
     }

@@ -121,6 +121,14 @@ impl Conv {
         Self::from_parts(vb, "conv", (wa + wb)?, (ba + bb)?, a.stride, a.padding, a.groups, true)
     }
 
+    /// "conv 3x3/2 64->128 @80x80" for the profile table.
+    fn op_name(&self, x: &Tensor) -> String {
+        let (co, _, k, _) = self.weight.dims4().unwrap_or_default();
+        let (_, ci, h, w) = x.dims4().unwrap_or_default();
+        let g = if self.groups > 1 { format!(" g{}", self.groups) } else { String::new() };
+        format!("conv {k}x{k}/{} {ci}->{co}{g} @{h}x{w}", self.stride)
+    }
+
     fn conv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (c_out, cin_g, k, _) = self.weight.dims4()?;
         let c_in = x.dim(1)?;
@@ -197,23 +205,23 @@ fn depthwise(x: &Tensor, w: &Tensor, k: usize, pad: usize) -> candle_core::Resul
 
 impl Module for Conv {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = self.conv(x)?;
-        let y = match &self.calib {
-            None => y.broadcast_add(&self.bias.reshape((1, (), 1, 1))?)?,
-            Some(c) => {
-                // BatchNorm with this batch's statistics, which become the running statistics
-                // (biased variance), exactly as `scripts/make_goldens.py` calibrates the reference.
-                let mean = y.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?.mean_keepdim(0)?;
-                let centered = y.broadcast_sub(&mean)?;
-                let var = centered.sqr()?.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?.mean_keepdim(0)?;
-                c.sink.lock().unwrap().push((c.name.clone(), mean.flatten_all()?, var.flatten_all()?));
-                let inv = (var + BN_EPS)?.sqrt()?.recip()?;
-                centered
-                    .broadcast_mul(&inv)?
-                    .broadcast_mul(&c.gamma.reshape((1, (), 1, 1))?)?
-                    .broadcast_add(&c.beta.reshape((1, (), 1, 1))?)?
-            }
+        let y = crate::profile::scope(|| self.op_name(x), || self.conv(x))?;
+        let Some(c) = &self.calib else {
+            return crate::profile::scope(|| (if self.act { "bias+silu" } else { "bias" }).into(), || self.activate(y.broadcast_add(&self.bias.reshape((1, (), 1, 1))?)?));
         };
+        // BatchNorm with this batch's statistics, which become the running statistics
+        // (biased variance), exactly as `scripts/make_goldens.py` calibrates the reference.
+        let mean = y.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?.mean_keepdim(0)?;
+        let centered = y.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?.mean_keepdim(0)?;
+        c.sink.lock().unwrap().push((c.name.clone(), mean.flatten_all()?, var.flatten_all()?));
+        let inv = (var + BN_EPS)?.sqrt()?.recip()?;
+        self.activate(centered.broadcast_mul(&inv)?.broadcast_mul(&c.gamma.reshape((1, (), 1, 1))?)?.broadcast_add(&c.beta.reshape((1, (), 1, 1))?)?)
+    }
+}
+
+impl Conv {
+    fn activate(&self, y: Tensor) -> candle_core::Result<Tensor> {
         if self.act {
             y.silu()
         } else {

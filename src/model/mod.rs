@@ -286,11 +286,11 @@ impl YoloV9 {
                 Layer::Upsample => {
                     let t = input(0, &outs)?;
                     let (_, _, th, tw) = t.dims4()?;
-                    Out::One(t.upsample_nearest2d(th * 2, tw * 2)?)
+                    Out::One(crate::profile::scope(|| "upsample".into(), || t.upsample_nearest2d(th * 2, tw * 2))?)
                 }
                 Layer::Concat => {
                     let ts = (0..spec.from.len()).map(|k| input(k, &outs)).collect::<candle_core::Result<Vec<_>>>()?;
-                    Out::One(Tensor::cat(&ts, 1)?)
+                    Out::One(crate::profile::scope(|| "concat (neck)".into(), || Tensor::cat(&ts, 1))?)
                 }
                 Layer::CbLinear(m) => Out::Many(m.forward(&input(0, &outs)?)?),
                 Layer::CbFuse(idx) => {
