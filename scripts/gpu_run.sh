@@ -7,11 +7,12 @@
 #   $DIST/yolo-edge-cuda-sm90.xz        (scripts/build-cuda.sh 90; DIST defaults to dist)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity bench torch e2e ab plan" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab plan sweep ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # The device tool copies the session's checkout, so stage these (and this script) under an
 # ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64)
-#      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e)
+#      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
+#      SOAK_SECONDS (cap per plan, 20) BALLAST_N (images, 4000) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -121,5 +122,56 @@ except Exception as e:
 PY
   done; done
 fi
+if has seeded; then
+  say "## seeded random weights, all variants: ours on the GPU vs ultralytics f64 on the CPU"
+  YOLO_EDGE_BIN="$BIN" timeout "${SEEDED_TIMEOUT:-400}" python3 "$HERE/gpu_seeded_parity.py" --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
+    --variants "${SEEDED_VARIANTS:-t,s,m,c,e}" --work "$W/seeded" 2>"$W/seeded.log" | tee -a "$SUM"
+  echo "rc=${PIPESTATUS[0]}" | tee -a "$SUM"
+fi
+
+if has sweep; then
+  say "## planner sweep + soak (f16, 640, fraction 0.8, max_batch 256): predicted vs measured at every batch up to the chosen one, the largest batch that fits, OOM count at the chosen batch"
+  say "| variant | limit | chosen | largest fitting | chosen/largest | worst pred. error <= chosen | soak passes | soak OOM | soak s |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do
+    timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --soak "${SOAK:-1000}" --soak-seconds "${SOAK_SECONDS:-20}" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
+    python3 - "$W/sweep-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1])); p = d["plan"]; s = d["sweep"]; k = d["soak"]
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*s['worst_error_to_chosen']:.1f}% | {k['passes']} | {k['oom']} | {k['seconds']:.0f} |")
+except Exception as e:
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
+PY
+  done; done
+fi
+
+if has ballast; then
+  say "## ballast: plan with ~2 GiB free, squeeze mid-run, free again (yolov9t-ball.pt, f16, 640, batch auto)"
+  timeout "${BALLAST_TIMEOUT:-420}" python3 "$HERE/gpu_ballast.py" --bin "$BIN" --model "$DEV"/yolov9t-ball.pt --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
+    --n "${BALLAST_N:-4000}" --work "$W/ballast" 2>&1 | tee -a "$SUM" | tail -15
+  echo "rc=${PIPESTATUS[0]}" | tee -a "$SUM"
+  rm -rf "$W/ballast/in" "$W/ballast/spool"
+fi
+
+if has profile; then
+  say "## where the time goes (bench --profile, f16, random weights)"
+  timeout 240 "$BIN" bench --device cuda:0 --variants "${PROFILE_VARIANTS:-t,c}" --dtype f16 --batches "${PROFILE_BATCHES:-1,32}" --mode model --warmup 2 --iters 5 --profile --out "$W/profile" > "$W/profile.md" 2> "$W/profile.log"
+  cp "$W/profile/profile.csv" "$OUT/profile.csv" 2>/dev/null
+  python3 - "$W/profile/profile.csv" <<'PY' | tee -a "$SUM"
+import csv, sys, collections
+rows = list(csv.DictReader(open(sys.argv[1])))
+groups = collections.OrderedDict()
+for r in rows:
+    op = r["op"]
+    cat = ("conv 1x1" if " 1x1/" in op else "conv 3x3 s2" if "/2 " in op else "conv grouped" if " g" in op.split("@")[0] else "conv kxk s1") if op.startswith("conv") else op
+    g = groups.setdefault((r["model"], r["batch"]), collections.Counter())
+    g[cat] += float(r["ms"])
+for (m, b), c in groups.items():
+    tot = sum(c.values())
+    print(f"{m} batch {b}: {tot:.1f} ms: " + ", ".join(f"{k} {v:.1f} ms ({100*v/tot:.0f}%)" for k, v in c.most_common()))
+PY
+fi
+
 (cd "$OUT" && tar czf all.tar.gz work && rm -rf work)
 echo; cat "$SUM" | tail -60

@@ -360,6 +360,10 @@ impl Worker {
                 self.stats.last_oom_unix_ms.store(now_ms, Relaxed);
                 self.last_oom = Some(Instant::now());
                 let err = e.to_string().lines().next().unwrap_or_default().to_string();
+                // give the pool's cached, unused memory back before retrying smaller
+                if let Err(te) = crate::devmem::PeakMeter::new(self.detector.device()).trim() {
+                    tracing::warn!(error = %te, "could not trim the memory pool after out-of-memory");
+                }
                 if n == 1 {
                     self.events.emit("oom_fallback", serde_json::json!({"batch": 1, "action": "frame_failed", "error": err}));
                     out.push_back(Err(format!("out of memory at batch 1: {err}")));
