@@ -1,19 +1,25 @@
-"""Memory pressure on a real GPU (issue 4): the agent plans its batch with ~2 GiB free, another
-allocation then takes most of what is left mid-run, and is freed again later. The agent must fall
-back (halve the batch on out-of-memory, retry the same frames), lose no frame, process none
-twice, keep the order, and climb back to its startup batch once the memory is back.
+"""Memory pressure on a real GPU (issue 4): another tenant takes the agent's memory and gives it
+back, and the agent must fall back (halve the batch on out-of-memory, retry the same frames),
+lose no frame, process none twice, keep the order, and climb back to its startup batch.
 
-The "other process" is this script: PyTorch allocations on the same GPU (a separate process from
-the agent, as another service on a shared card would be). The agent publishes to a broker that is
-not running, so every detection lands in its on-disk spool, which this script reads afterwards
-(format: u32 LE topic length, topic, JSON payload; one file per message, in publish order).
+The "other tenant" is this script: PyTorch allocations on the same GPU, in another process.
+  1. the tenant takes all but --free-gib; the agent starts (`batch = "auto"`) and plans within
+     what is left; it processes --first pictures;
+  2. the agent idles, and after `oom.release_idle_s` gives its cached pool memory back (event
+     `memory_released`); the tenant then grabs all but --squeeze-gib;
+  3. --second pictures arrive: the agent's batch no longer fits -> out-of-memory fallback;
+  4. after --free-at of them are done the tenant frees everything -> the agent probes back up.
+(While the agent is busy its pool keeps what it reserved, so a tenant cannot take that memory
+away mid-batch; the squeeze lands when the agent next needs memory, as here after an idle spell.)
+The agent publishes to a broker that is not running, so every detection lands in its on-disk
+spool, which this script reads afterwards (u32 LE topic length, topic, JSON payload; one file per
+message, in publish order).
 
 Usage (on the GPU machine, from the repo root):
   python3 scripts/gpu_ballast.py --bin /tmp/yolo-edge --model yolov9t-ball.pt \
-      --images horses.jpg volleyball-court.jpg --n 4000 --work DIR
-Phases (by files done): plan with `--free-gib` free -> at 20 % grab all but `--squeeze-gib`
--> at 55 % free everything -> run to the end. Writes DIR/ballast.json, prints a summary;
-exit 1 if a frame was lost or duplicated, or order broken, or no fallback/recovery happened.
+      --images horses.jpg volleyball-court.jpg --work DIR
+Writes DIR/ballast.json, prints a summary; exit 1 if a frame was lost or duplicated, the order
+broken, or no fallback or no recovery happened.
 """
 import argparse
 import json
@@ -58,12 +64,12 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--images", nargs="+", required=True)
-    ap.add_argument("--n", type=int, default=4000)
+    ap.add_argument("--first", type=int, default=1500)
+    ap.add_argument("--second", type=int, default=3500)
     ap.add_argument("--work", required=True)
     ap.add_argument("--free-gib", type=float, default=2.0)
     ap.add_argument("--squeeze-gib", type=float, default=0.6)
-    ap.add_argument("--grow-at", type=float, default=0.20)
-    ap.add_argument("--free-at", type=float, default=0.55)
+    ap.add_argument("--free-at", type=float, default=0.25, help="share of --second done when the tenant frees")
     ap.add_argument("--timeout", type=float, default=400)
     a = ap.parse_args()
     import torch
@@ -73,9 +79,16 @@ def main():
     inbox, spool = work / "in", work / "spool"
     inbox.mkdir(parents=True)
     srcs = [Path(p).read_bytes() for p in a.images]
-    names = [f"img-{i:05d}.jpg" for i in range(a.n)]
-    for i, name in enumerate(names):
-        (inbox / name).write_bytes(srcs[i % len(srcs)])
+    n = a.first + a.second
+    names = [f"img-{i:05d}.jpg" for i in range(n)]
+
+    def drop(lo, hi):
+        for i in range(lo, hi):
+            tmp = inbox / f".{names[i]}.part"
+            tmp.write_bytes(srcs[i % len(srcs)])
+            tmp.rename(inbox / names[i])
+
+    drop(0, a.first)
     cfg = work / "agent.toml"
     cfg.write_text(f"""[device]
 device = "cuda:0"
@@ -114,6 +127,7 @@ max_bytes = "2GiB"
 
 [oom]
 quiet_period_s = 3
+release_idle_s = 2
 
 [shutdown]
 grace_s = 20
@@ -123,39 +137,45 @@ grace_s = 20
     ballast = [torch.empty(int(free0 - a.free_gib * GIB), dtype=torch.uint8, device="cuda")]
     torch.cuda.synchronize()
     free1, _ = torch.cuda.mem_get_info()
-    timeline = [{"t": 0.0, "what": "ballast before start", "free_gib": free1 / GIB}]
+    timeline = [{"t": 0.0, "what": "tenant leaves --free-gib before the agent starts", "free_gib": round(free1 / GIB, 3)}]
     print(f"GPU {total / GIB:.1f} GiB; ballast leaves {free1 / GIB:.2f} GiB free", flush=True)
     log = open(work / "agent.log", "w")
     t0 = time.time()
     agent = subprocess.Popen([a.bin, "run", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
                              env={**os.environ, "RUST_LOG": "info", "NO_COLOR": "1"})
     done = inbox / "done"
-    phase = "start"
+    phase = "first"
+
+    def mark(what, d):
+        free, _ = torch.cuda.mem_get_info()
+        timeline.append({"t": round(time.time() - t0, 2), "what": what, "done": d, "free_gib": round(free / GIB, 3)})
+        print(f"{time.time() - t0:6.1f}s {d} done: {what}, {free / GIB:.2f} GiB free", flush=True)
+
     try:
-        while count(done) < a.n:
+        while count(done) < n:
             if agent.poll() is not None:
                 raise SystemExit(f"agent exited early with {agent.returncode}")
             if time.time() - t0 > a.timeout:
-                raise SystemExit(f"timeout: {count(done)} of {a.n} done")
+                raise SystemExit(f"timeout: {count(done)} of {n} done")
             d = count(done)
-            if phase == "start" and d >= a.grow_at * a.n:
+            if phase == "first" and d >= a.first:
+                phase = "idle"
+                mark("first pictures done; waiting for the agent to release its idle memory", d)
+            elif phase == "idle" and "memory_released" in (work / "agent.log").read_text(errors="replace"):
                 free, _ = torch.cuda.mem_get_info()
-                grab = int(free - a.squeeze_gib * GIB)
                 try:
-                    ballast.append(torch.empty(max(grab, 0), dtype=torch.uint8, device="cuda"))
+                    ballast.append(torch.empty(max(int(free - a.squeeze_gib * GIB), 0), dtype=torch.uint8, device="cuda"))
                     torch.cuda.synchronize()
                 except torch.OutOfMemoryError:
                     pass
-                free, _ = torch.cuda.mem_get_info()
-                timeline.append({"t": time.time() - t0, "what": "ballast grows", "done": d, "free_gib": free / GIB})
-                print(f"{time.time() - t0:6.1f}s {d} done: ballast grows, {free / GIB:.2f} GiB free", flush=True)
+                mark("agent released its pool; tenant squeezes", d)
+                drop(a.first, n)
+                mark("second pictures dropped", d)
                 phase = "squeezed"
-            elif phase == "squeezed" and d >= a.free_at * a.n:
+            elif phase == "squeezed" and d >= a.first + a.free_at * a.second:
                 ballast.clear()
                 torch.cuda.empty_cache()
-                free, _ = torch.cuda.mem_get_info()
-                timeline.append({"t": time.time() - t0, "what": "ballast freed", "done": d, "free_gib": free / GIB})
-                print(f"{time.time() - t0:6.1f}s {d} done: ballast freed, {free / GIB:.2f} GiB free", flush=True)
+                mark("tenant frees everything", d)
                 phase = "freed"
             time.sleep(0.05)
         # let the results of the last files reach the spool, then stop the agent gracefully
@@ -192,7 +212,7 @@ grace_s = 20
     ooms = [e for k, e in events if k == "oom_fallback"]
     changes = [(e.get("from"), e.get("to")) for k, e in events if k == "batch_change"]
     checks = {
-        "every frame exactly once": sorted(got) == names and len(got) == a.n,
+        "every frame exactly once": sorted(got) == names and len(got) == n,
         "in order": got == names,
         "seq increasing": all(b > x for x, b in zip(seqs, seqs[1:])),
         "no failed files": failed == 0,
@@ -209,7 +229,7 @@ grace_s = 20
         else:
             runs.append([s, 1])
     summary = {
-        "n": a.n, "elapsed_s": round(elapsed, 1), "startup_batch": startup_batch, "detection_messages": len(dets),
+        "n": n, "elapsed_s": round(elapsed, 1), "startup_batch": startup_batch, "detection_messages": len(dets),
         "distinct_images": len(set(got)), "failed_files": failed, "oom_fallback_events": len(ooms),
         "batch_changes": changes, "batch_runs": runs, "timeline": timeline, "checks": checks, "agent_rc": rc,
         "plan_reason": (re.search(r"reason=([^\n]*)", text).group(1) if re.search(r"reason=", text) else None),
@@ -217,6 +237,8 @@ grace_s = 20
     (work / "ballast.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: summary[k] for k in ("n", "elapsed_s", "startup_batch", "detection_messages", "distinct_images",
                                               "failed_files", "oom_fallback_events", "plan_reason")}))
+    for e in timeline:
+        print(f"  {e['t']:6.1f}s {e.get('done', 0):5d} done, {e['free_gib']:.2f} GiB free: {e['what']}")
     print("batch changes:", changes)
     print("batch runs (size x frames):", " ".join(f"{s}x{n}" for s, n in runs))
     for k, v in checks.items():

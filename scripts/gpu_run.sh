@@ -12,7 +12,7 @@
 # ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64)
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
-#      SOAK_SECONDS (cap per plan, 20) BALLAST_N (images, 4000) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
+#      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -149,7 +149,7 @@ fi
 if has ballast; then
   say "## ballast: plan with ~2 GiB free, squeeze mid-run, free again (yolov9t-ball.pt, f16, 640, batch auto)"
   timeout "${BALLAST_TIMEOUT:-420}" python3 "$HERE/gpu_ballast.py" --bin "$BIN" --model "$DEV"/yolov9t-ball.pt --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
-    --n "${BALLAST_N:-4000}" --work "$W/ballast" 2>&1 | tee -a "$SUM" | tail -15
+    --work "$W/ballast" 2>&1 | tee -a "$SUM" | tail -15
   echo "rc=${PIPESTATUS[0]}" | tee -a "$SUM"
   rm -rf "$W/ballast/in" "$W/ballast/spool"
 fi

@@ -383,7 +383,7 @@ fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
     if a.telemetry_interval != b.telemetry_interval {
         v.push("telemetry");
     }
-    if a.oom_quiet_period != b.oom_quiet_period {
+    if a.oom_quiet_period != b.oom_quiet_period || a.release_idle != b.release_idle {
         v.push("oom");
     }
     if a.shutdown_grace != b.shutdown_grace {

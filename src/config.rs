@@ -187,10 +187,13 @@ struct RawSpool {
 struct RawOom {
     #[serde(default = "d_quiet")]
     quiet_period_s: PositiveF64,
+    /// Seconds without work after which cached device memory goes back to the device (0: keep).
+    #[serde(default = "d_release_idle")]
+    release_idle_s: Ranged<0, 86_400>,
 }
 impl Default for RawOom {
     fn default() -> Self {
-        Self { quiet_period_s: d_quiet() }
+        Self { quiet_period_s: d_quiet(), release_idle_s: d_release_idle() }
     }
 }
 
@@ -288,6 +291,9 @@ fn d_spool_max() -> ByteSize {
 }
 fn d_quiet() -> PositiveF64 {
     PositiveF64(60.0)
+}
+fn d_release_idle() -> Ranged<0, 86_400> {
+    Ranged(30)
 }
 fn d_grace() -> PositiveF64 {
     PositiveF64(20.0)
@@ -472,6 +478,8 @@ pub struct Config {
     pub telemetry_interval: Duration,
     pub spool: SpoolConfig,
     pub oom_quiet_period: Duration,
+    /// Idle time after which the inference thread returns the pool's cached memory (None: keep).
+    pub release_idle: Option<Duration>,
     pub shutdown_grace: Duration,
     pub input: InputLimits,
     pub inject_oom: Option<crate::memory::OomInjector>,
@@ -723,6 +731,7 @@ impl Config {
             telemetry_interval: Duration::from_secs_f64(raw.telemetry.interval_s.0),
             spool: SpoolConfig { dir: resolve(&raw.spool.dir), max_bytes: raw.spool.max_bytes.0 },
             oom_quiet_period: Duration::from_secs_f64(raw.oom.quiet_period_s.0),
+            release_idle: (raw.oom.release_idle_s.0 > 0).then(|| Duration::from_secs(raw.oom.release_idle_s.0)),
             shutdown_grace: Duration::from_secs_f64(raw.shutdown.grace_s.0),
             input: InputLimits {
                 max_side: raw.input.max_side.0 as u32,
@@ -835,6 +844,11 @@ path = "/in"
         assert_eq!(c.spool.dir, PathBuf::from("/etc/yolo/spool"));
         assert_eq!(c.model.thresholds, Thresholds { conf: 0.25, iou: 0.7, max_det: 300 });
         assert!(matches!(&c.sources[0], SourceConfig::Folder { done_dir, .. } if done_dir == Path::new("/in/done")));
+        assert_eq!(c.release_idle, Some(Duration::from_secs(30)));
+        let keep = Config::parse(&format!("{MIN}\n[oom]\nrelease_idle_s = 0\n"), Path::new("/etc/yolo/a.toml")).unwrap();
+        assert_eq!(keep.release_idle, None);
+        let e = err(&format!("{MIN}\n[oom]\nrelease_idle_s = -1\n"));
+        assert!(e.contains("`oom.release_idle_s`") && e.contains("out of range"), "{e}");
     }
 
     #[test]
@@ -851,6 +865,27 @@ path = "/in"
         // inside the tagged `[[sources]]` table the path ends at the entry; the message names the field
         let e = err(&MIN.replace("id = \"cam\"", "id = \"a/b\""));
         assert!(e.contains("`sources[0]`") && e.contains("id `a/b`"), "{e}");
+    }
+
+    #[test]
+    fn shipped_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        // the secrets they name live on the box; stand-ins here
+        let secrets = std::env::temp_dir().join(format!("yolo-edge-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&secrets).unwrap();
+        std::fs::write(secrets.join("mqtt-password"), "pw\n").unwrap();
+        std::fs::write(secrets.join("ca.pem"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let text = std::fs::read_to_string(&p).unwrap().replace("/etc/yolo-edge/", &format!("{}/", secrets.display()));
+                Config::parse(&text, &p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                n += 1;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&secrets);
+        assert!(n >= 3, "configs/ holds the example configs");
     }
 
     #[test]

@@ -191,6 +191,8 @@ impl Pipeline {
             current: startup_batch,
             last_change: Instant::now(),
             last_oom: None,
+            last_work: Instant::now(),
+            released: false,
             frames_done: 0,
             injector: c.inject_oom,
             events,
@@ -280,6 +282,9 @@ struct Worker {
     current: usize,
     last_change: Instant,
     last_oom: Option<Instant>,
+    /// When the last batch ran, and whether the pool was given back since.
+    last_work: Instant,
+    released: bool,
     frames_done: u64,
     injector: Option<OomInjector>,
     events: EventSink,
@@ -300,12 +305,17 @@ impl Worker {
             self.maybe_probe_up();
             let items = match batches.recv_timeout(Duration::from_millis(100)) {
                 Ok(i) => i,
-                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.maybe_release_idle();
+                    continue;
+                }
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             let frames: Vec<&Letterboxed> = items.iter().filter_map(|d| d.result.as_ref().ok()).collect();
             let mut out: VecDeque<FrameResult> = VecDeque::with_capacity(frames.len());
             if !frames.is_empty() {
+                self.last_work = Instant::now();
+                self.released = false;
                 self.stats.batches.fetch_add(1, Relaxed);
                 self.infer(&frames, &mut out);
             }
@@ -397,6 +407,25 @@ impl Worker {
     }
 
     /// After a quiet period without OOM, one step back up (doubling, capped at the startup batch).
+    /// After `oom.release_idle_s` without work, gives the pool's cached memory back to the device
+    /// (other services on a shared GPU can use it; the next batch allocates it again).
+    fn maybe_release_idle(&mut self) {
+        let Some(idle) = self.cfg.borrow().release_idle else { return };
+        if self.released || self.last_work.elapsed() < idle || !self.detector.device().is_cuda() {
+            return;
+        }
+        self.released = true;
+        let meter = crate::devmem::PeakMeter::new(self.detector.device());
+        let before = meter.usage().map(|u| u.reserved).ok();
+        match meter.trim() {
+            Ok(()) => {
+                let after = meter.usage().map(|u| u.reserved).ok();
+                self.events.emit("memory_released", serde_json::json!({"idle_s": idle.as_secs_f64(), "reserved_before": before, "reserved_after": after}));
+            }
+            Err(e) => tracing::warn!(error = %e, "could not release idle pool memory"),
+        }
+    }
+
     fn maybe_probe_up(&mut self) {
         if self.current >= self.startup {
             return;
