@@ -9,8 +9,12 @@ The "other tenant" is this script: PyTorch allocations on the same GPU, in anoth
      `memory_released`); the tenant then grabs all but --squeeze-gib;
   3. --second pictures arrive: the agent's batch no longer fits -> out-of-memory fallback;
   4. after --free-at of them are done the tenant frees everything -> the agent probes back up.
-(While the agent is busy its pool keeps what it reserved, so a tenant cannot take that memory
-away mid-batch; the squeeze lands when the agent next needs memory, as here after an idle spell.)
+(Squeezing mid-batch does not bite: the tenant can only take what is free while the agent holds
+its working set, which the agent gets back at its next batch. The squeeze lands when the tenant
+grabs while the agent is idle, as here.) The second pictures arrive in a second hot folder that
+appears at once (a directory renamed into place), so each source's arrival order is known exactly:
+the order check is per source (files written one by one while the agent moves others out of the
+same folder can be listed out of order by the file system, which says nothing about the agent).
 The agent publishes to a broker that is not running, so every detection lands in its on-disk
 spool, which this script reads afterwards (u32 LE topic length, topic, JSON payload; one file per
 message, in publish order).
@@ -76,19 +80,15 @@ def main():
 
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
-    inbox, spool = work / "in", work / "spool"
+    inbox, inbox2, staging, spool = work / "in", work / "in2", work / "staging", work / "spool"
     inbox.mkdir(parents=True)
+    staging.mkdir()
     srcs = [Path(p).read_bytes() for p in a.images]
     n = a.first + a.second
     names = [f"img-{i:05d}.jpg" for i in range(n)]
 
-    def drop(lo, hi):
-        for i in range(lo, hi):
-            tmp = inbox / f".{names[i]}.part"
-            tmp.write_bytes(srcs[i % len(srcs)])
-            tmp.rename(inbox / names[i])
-
-    drop(0, a.first)
+    for i in range(n):
+        ((inbox if i < a.first else staging) / names[i]).write_bytes(srcs[i % len(srcs)])
     cfg = work / "agent.toml"
     cfg.write_text(f"""[device]
 device = "cuda:0"
@@ -118,6 +118,15 @@ path = "{inbox}"
 settle_ms = 0
 scan_interval_ms = 200
 
+[[sources]]
+type = "folder"
+id = "cam2"
+path = "{inbox2}"
+done_dir = "{work / 'done2'}"
+failed_dir = "{work / 'failed2'}"
+settle_ms = 0
+scan_interval_ms = 200
+
 [telemetry]
 interval_s = 1
 
@@ -143,8 +152,10 @@ grace_s = 20
     t0 = time.time()
     agent = subprocess.Popen([a.bin, "run", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
                              env={**os.environ, "RUST_LOG": "info", "NO_COLOR": "1"})
-    done = inbox / "done"
     phase = "first"
+
+    def count_done():
+        return count(inbox / "done") + count(work / "done2")
 
     def mark(what, d):
         free, _ = torch.cuda.mem_get_info()
@@ -152,12 +163,12 @@ grace_s = 20
         print(f"{time.time() - t0:6.1f}s {d} done: {what}, {free / GIB:.2f} GiB free", flush=True)
 
     try:
-        while count(done) < n:
+        while count_done() < n:
             if agent.poll() is not None:
                 raise SystemExit(f"agent exited early with {agent.returncode}")
             if time.time() - t0 > a.timeout:
-                raise SystemExit(f"timeout: {count(done)} of {n} done")
-            d = count(done)
+                raise SystemExit(f"timeout: {count_done()} of {n} done")
+            d = count_done()
             if phase == "first" and d >= a.first:
                 phase = "idle"
                 mark("first pictures done; waiting for the agent to release its idle memory", d)
@@ -169,8 +180,8 @@ grace_s = 20
                 except torch.OutOfMemoryError:
                     pass
                 mark("agent released its pool; tenant squeezes", d)
-                drop(a.first, n)
-                mark("second pictures dropped", d)
+                staging.rename(inbox2)
+                mark("second folder appears", d)
                 phase = "squeezed"
             elif phase == "squeezed" and d >= a.first + a.free_at * a.second:
                 ballast.clear()
@@ -208,12 +219,13 @@ grace_s = 20
     got = [Path(d["image"]["path"]).name for d in dets]
     seqs = [d["seq"] for d in dets]
     sizes = [d["batch_size"] for d in dets]
-    failed = count(inbox / "failed")
+    failed = count(inbox / "failed") + count(work / "failed2")
+    per_source = {src: [Path(x["image"]["path"]).name for x in dets if x["source"] == src] for src in ("cam", "cam2")}
     ooms = [e for k, e in events if k == "oom_fallback"]
     changes = [(e.get("from"), e.get("to")) for k, e in events if k == "batch_change"]
     checks = {
         "every frame exactly once": sorted(got) == names and len(got) == n,
-        "in order": got == names,
+        "in order, per source": per_source["cam"] == names[:a.first] and per_source["cam2"] == names[a.first:],
         "seq increasing": all(b > x for x, b in zip(seqs, seqs[1:])),
         "no failed files": failed == 0,
         "fell back on out-of-memory": len(ooms) > 0 and min(sizes) < (startup_batch or 0),

@@ -151,7 +151,7 @@ if has ballast; then
   timeout "${BALLAST_TIMEOUT:-420}" python3 "$HERE/gpu_ballast.py" --bin "$BIN" --model "$DEV"/yolov9t-ball.pt --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
     --work "$W/ballast" 2>&1 | tee -a "$SUM" | tail -15
   echo "rc=${PIPESTATUS[0]}" | tee -a "$SUM"
-  rm -rf "$W/ballast/in" "$W/ballast/spool"
+  rm -rf "$W/ballast/in" "$W/ballast/in2" "$W/ballast/done2" "$W/ballast/spool"
 fi
 
 if has profile; then

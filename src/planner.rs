@@ -10,11 +10,12 @@
 //! is this process's allocator high-water mark, the budget the device's free memory), and
 //! returning a batch at or above one that failed.
 
-use candle_core::Tensor;
 use serde::Serialize;
 
 use crate::detector::Detector;
 use crate::devmem::{self, DeviceMemory, PeakMeter};
+use crate::postprocess::Thresholds;
+use crate::preprocess::{LetterboxGeometry, Letterboxed};
 
 pub const MIB: f64 = 1024.0 * 1024.0;
 
@@ -363,8 +364,10 @@ impl MemoryTelemetry {
     }
 }
 
-/// The real prober: one forward pass of the detector's model on a random batch, measured
-/// with the device's allocator high-water mark (input tensor included).
+/// The real prober: one batch through the agent's own path (u8 pictures uploaded, normalised
+/// on the device, forward pass, candidate extraction), measured as the peak of memory the
+/// device had to give (the pool's *reserved* high-water mark above what was reserved before:
+/// fragmentation counts, since that is what runs out), with the model already resident.
 pub struct DetectorProber<'a> {
     det: &'a Detector,
     meter: PeakMeter,
@@ -375,31 +378,27 @@ impl<'a> DetectorProber<'a> {
         Self { det, meter: PeakMeter::new(det.device()) }
     }
 
-    /// Peak bytes above the resident set for one forward pass at `batch`.
+    /// Peak bytes above the resident set for one batch of `batch` pictures.
     pub fn measure(&self, batch: usize) -> Result<u64, ProbeError> {
         let other = |e: devmem::DevMemError| ProbeError::Other(e.to_string());
         let cand = |e: candle_core::Error| if crate::memory::is_oom(&e) { ProbeError::Oom(e.to_string().lines().next().unwrap_or("").to_string()) } else { ProbeError::Other(e.to_string()) };
-        let s = self.det.imgsz();
-        let dev = self.det.device();
-        let r = (|| {
-            // the input batch counts, its f32 staging does not
-            let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), dev)?.to_dtype(self.det.dtype())?;
-            let input_bytes = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
-            let base = self.meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
-            self.meter.reset().map_err(candle_core::Error::wrap)?;
-            let y = self.det.model().forward(&x)?;
-            dev.synchronize()?;
-            drop(y);
-            Ok(base)
-        })();
-        let base = match r {
-            Ok(b) => b,
-            Err(e) => {
-                let _ = self.meter.trim();
-                return Err(cand(e));
-            }
-        };
-        Ok(self.meter.usage().map_err(other)?.used_high.saturating_sub(base))
+        let s = self.det.imgsz() as u32;
+        // a textured picture (not a constant: some kernels take shortcuts on zeros)
+        let pixels: Vec<u8> = (0..(s * s * 3) as usize).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let lb = Letterboxed { pixels, geometry: LetterboxGeometry::new(s, s, s) };
+        let pics: Vec<&Letterboxed> = vec![&lb; batch];
+        // no candidate passes: what is measured is the device's work, not host-side NMS
+        let th = Thresholds { conf: 2.0, ..Thresholds::default() };
+        self.meter.trim().map_err(other)?;
+        let base = self.meter.usage().map_err(other)?.reserved;
+        self.meter.reset().map_err(other)?;
+        let r = self.det.detect(&pics, &th).and_then(|_| self.det.device().synchronize());
+        let peak = self.meter.usage().map_err(other);
+        let _ = self.meter.trim();
+        match r {
+            Ok(()) => Ok(peak?.reserved_high.saturating_sub(base)),
+            Err(e) => Err(cand(e)),
+        }
     }
 }
 
