@@ -214,8 +214,12 @@ fn mib(b: impl Into<f64>) -> String {
     format!("{:.1} MiB", b.into() / MIB)
 }
 
-/// Plans the batch: probe, fit, choose, verify (stepping down on failure; one step up when the
-/// verified point shows more room).
+/// Most verifying forward passes one plan makes (beyond the probes).
+const MAX_VERIFIES: usize = 8;
+
+/// Plans the batch: probe, fit, choose, verify; re-fit with every verified point and try the
+/// larger batch it allows; after a failure, search between the best verified batch and the
+/// failed one (halving), until within 5 % of the failed one.
 pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Result<Plan, PlanError> {
     cfg.validate()?;
     let mut steps = Vec::new();
@@ -264,11 +268,13 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
     let mut fit = MemoryFit::fit(&points).ok_or_else(|| PlanError::NothingFits(format!("batch 1 ran out of memory within a budget of {}", mib(budget.bytes as f64))))?;
     reasons.push(format!("probes {:?} fit: fixed {} + {} per image", points.iter().map(|p| p.0).collect::<Vec<_>>(), mib(fit.fixed), mib(fit.per_image)));
     let mut best: Option<(usize, u64, u64)> = None; // (batch, predicted, verified)
-    let mut oom_seen = false; // the device holds less than the budget says: search, don't trust the line
-    let mut stepped_up = false;
-    for _ in 0..12 {
+    // once a batch failed (over budget or out of memory) the line is not trusted alone: each
+    // candidate is also at most halfway between the best verified batch and the failed one
+    let mut searching = failed_at.is_some();
+    let mut verifies = 0;
+    while verifies < MAX_VERIFIES {
         let Some(mut b) = fit.choose(budget.bytes, cfg.max_batch, failed_at) else { break };
-        if oom_seen {
+        if searching {
             let f = failed_at.unwrap_or(b + 1);
             b = b.min(match best {
                 Some((ok, _, _)) => (ok + f) / 2,
@@ -279,16 +285,19 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
             if b <= ok {
                 break; // nothing larger left to try
             }
-            if !oom_seen && stepped_up {
-                break;
+            if failed_at.is_some_and(|f| ok * 100 >= (f - 1) * 95) {
+                break; // within 5 % of the smallest batch known not to fit
             }
-            if !oom_seen {
-                stepped_up = true;
-                reasons.push(format!("re-fit with batch {ok} allows {b}: trying one step up"));
-            }
+            reasons.push(format!("with batch {ok} verified, the re-fit allows {b}: trying it"));
         }
         let predicted = fit.predict(b);
-        let r = if let Some(&(_, p)) = points.iter().find(|p| p.0 == b) { Ok(p) } else { prober.peak_at(b) };
+        let r = match points.iter().find(|p| p.0 == b) {
+            Some(&(_, p)) => Ok(p),
+            None => {
+                verifies += 1;
+                prober.peak_at(b)
+            }
+        };
         let fits = matches!(r, Ok(p) if p <= budget.bytes);
         record(&mut steps, b, "verify", Some(predicted), &r, fits);
         match r {
@@ -300,12 +309,13 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
                 } else {
                     reasons.push(format!("batch {b}: predicted {}, measured {} over budget; stepping down", mib(predicted as f64), mib(p as f64)));
                     failed_at = Some(failed_at.map_or(b, |f| f.min(b)));
+                    searching = true;
                 }
             }
             Err(ProbeError::Oom(m)) => {
                 reasons.push(format!("batch {b}: out of memory ({m}); stepping down"));
                 failed_at = Some(failed_at.map_or(b, |f| f.min(b)));
-                oom_seen = true;
+                searching = true;
             }
             Err(ProbeError::Other(m)) => return Err(PlanError::Probe { batch: b, reason: m }),
         }
@@ -527,6 +537,32 @@ mod tests {
         assert!(plan.verified_peak <= b.bytes);
         assert!(plan.batch <= truth, "chose {} > truth {}", plan.batch, truth);
         assert!(plan.batch as f64 >= 0.9 * truth as f64, "chose {} < 90% of {}", plan.batch, truth);
+    }
+
+    /// A pool that hands out memory in 32 MiB granules: small probes see steps, not the slope.
+    struct Granular {
+        per: f64,
+        calls: Vec<usize>,
+    }
+    impl Prober for Granular {
+        fn peak_at(&mut self, b: usize) -> Result<u64, ProbeError> {
+            self.calls.push(b);
+            let g = 32.0 * M as f64;
+            Ok(((self.per * b as f64 / g).ceil() * g) as u64 - 32 * M)
+        }
+    }
+
+    #[test]
+    fn granular_pool_still_gets_within_90_percent() {
+        // measured on the H200 in the agent: probes 0, 32, 96 MiB at 1, 2, 4 (slope 32 MiB)
+        // while the real cost is ~21.5 MiB per picture; the first verify fits far below budget
+        let (b, cfg) = budget(1422 * M, None); // budget 1137.6 MiB
+        let mut p = Granular { per: 21.5 * M as f64, calls: vec![] };
+        let plan = plan(&mut p, b.clone(), &cfg).unwrap();
+        let truth = (1..=256).rev().find(|&n| (((21.5 * n as f64) / 32.0).ceil() * 32.0 - 32.0) * M as f64 <= b.bytes as f64).unwrap();
+        assert!(plan.verified_peak <= b.bytes);
+        assert!(plan.batch <= truth && plan.batch as f64 >= 0.9 * truth as f64, "chose {} of {} ({:?})", plan.batch, truth, p.calls);
+        assert!(p.calls.len() <= 3 + MAX_VERIFIES, "{:?}", p.calls);
     }
 
     #[test]
