@@ -26,3 +26,4 @@ pub mod randweights;
 pub mod startup;
 pub mod eval;
 pub mod samples;
+pub mod demo;
