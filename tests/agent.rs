@@ -509,7 +509,7 @@ fn demo_end_to_end_with_embedded_broker() {
     assert!(r.stdout.contains("(embedded rumqttd)"), "{all}");
     // the subscriber saw the agent's real messages
     assert!(r.stdout.lines().any(|l| l == "status      online"), "{all}");
-    assert!(r.stdout.lines().any(|l| l.starts_with("info        model yolov9-t:182a7e7c1428 (5 classes: circle, square, triangle, star, ring) on cpu f32, 416 px")), "{all}");
+    assert!(r.stdout.lines().any(|l| l.starts_with("info        model yolov9t:182a7e7c1428 (5 classes: circle, square, triangle, star, ring) on cpu f32, 416 px")), "{all}");
     assert!(r.stdout.lines().any(|l| l.starts_with("telemetry   frames ")), "{all}");
     assert!(r.stdout.lines().any(|l| l == "status      offline"), "{all}");
     // every sample picture reported, once, with detections of the demo classes

@@ -163,3 +163,19 @@ fn letterbox(image: &std::path::Path, imgsz: u32, out: &std::path::Path) -> anyh
     eprintln!("{} -> {} ({:?})", image.display(), out.display(), lb.geometry);
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demo_logs_quietly_and_never_from_the_embedded_broker() {
+        let demo = Cli::parse_from(["yolo-edge", "demo"]);
+        let run = Cli::parse_from(["yolo-edge", "run", "--config", "a.toml"]);
+        assert_eq!(log_filter(&demo, None), "warn,rumqttd=off");
+        assert_eq!(log_filter(&demo, Some("debug")), "debug,rumqttd=off");
+        assert_eq!(log_filter(&demo, Some("info,rumqttd=debug")), "info,rumqttd=debug");
+        assert_eq!(log_filter(&run, None), "info");
+        assert_eq!(log_filter(&run, Some("debug")), "debug");
+    }
+}

@@ -216,7 +216,8 @@ pub fn run(o: &DemoOptions, out: &mut dyn Write) -> Result<DemoReport, DemoError
     let deadline = t0 + o.timeout;
     let mut work = WorkDir::create()?;
     let result = run_in(o, &work.path, t0, deadline, out);
-    if result.is_err() {
+    // after the agent ran, its config, hot folder (done/, failed/) and spool tell what happened
+    if let Err(DemoError::AgentStopped { .. } | DemoError::Timeout { .. } | DemoError::Failed { .. } | DemoError::Check { .. }) = &result {
         work.keep = true;
         let _ = writeln!(out, "demo folder kept for inspection: {}", work.path.display());
     }
@@ -251,7 +252,7 @@ fn run_in(o: &DemoOptions, dir: &Path, t0: Instant, deadline: Instant, out: &mut
         s.image.save_with_format(&tmp, image::ImageFormat::Png).map_err(|source| DemoError::Image { path: tmp.clone(), source })?;
         std::fs::rename(&tmp, &path).map_err(|source| DemoError::Io { what: "cannot move into place", path: path.clone(), source })?;
     }
-    say(out, format!("samples     {} pictures ({} objects drawn) in {}", set.len(), set.iter().map(|s| s.1.objects.len()).sum::<usize>(), input.display()));
+    say(out, format!("samples     {} picture{} ({} objects drawn) in {}", set.len(), if set.len() == 1 { "" } else { "s" }, set.iter().map(|s| s.1.objects.len()).sum::<usize>(), input.display()));
     say(out, format!("model       {}", if o.model.is_some() { model.display().to_string() } else { format!("{DEFAULT_MODEL_NAME} (built in, {})", report::bytes(DEFAULT_MODEL.len() as u64)) }));
 
     let device_id = format!("demo-{}", std::process::id());
