@@ -69,9 +69,12 @@ pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
             let code = exit_code(&e);
             // the agent's own errors keep their usual codes and wording (as `run`'s)
             match e {
-                DemoError::Agent(AgentError::Config(e)) => Err(e.into()),
-                DemoError::Agent(AgentError::Device(e)) => Err(e.into()),
-                DemoError::Agent(AgentError::Model { path, source }) => Err(anyhow::Error::new(source).context(format!("cannot load model {}", path.display()))),
+                DemoError::Agent(a) => match *a {
+                    AgentError::Config(e) => Err(e.into()),
+                    AgentError::Device(e) => Err(e.into()),
+                    AgentError::Model { path, source } => Err(anyhow::Error::new(source).context(format!("cannot load model {}", path.display()))),
+                    a => Err(a.into()),
+                },
                 e => {
                     eprintln!("error: {e}");
                     Ok(ExitCode::from(code))
@@ -88,9 +91,12 @@ fn exit_code(e: &DemoError) -> u8 {
         DemoError::Timeout { .. } | DemoError::AgentStopped { .. } => exit::INCOMPLETE,
         DemoError::Check { .. } => exit::CHECK,
         DemoError::Failed { .. } => exit::PARTIAL,
-        DemoError::Agent(AgentError::Config(_)) => exit::CONFIG,
-        DemoError::Agent(AgentError::Device(_)) => exit::DEVICE,
-        DemoError::Agent(AgentError::Model { .. }) => exit::MODEL,
+        DemoError::Agent(a) => match **a {
+            AgentError::Config(_) => exit::CONFIG,
+            AgentError::Device(_) => exit::DEVICE,
+            AgentError::Model { .. } => exit::MODEL,
+            _ => exit::OTHER,
+        },
         _ => exit::OTHER,
     }
 }

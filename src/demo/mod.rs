@@ -82,8 +82,9 @@ pub enum DemoError {
     ConfigText(#[from] toml::ser::Error),
     #[error("the demo's MQTT subscriber could not subscribe at {broker}: {reason}")]
     Subscriber { broker: String, reason: String },
+    /// The agent's own failure (boxed: it is large).
     #[error(transparent)]
-    Agent(#[from] AgentError),
+    Agent(Box<AgentError>),
     #[error("the agent stopped before every picture was reported ({reported} of {expected})")]
     AgentStopped { reported: usize, expected: usize },
     #[error("timed out after {secs} s: {reported} of {expected} sample pictures reported")]
@@ -92,6 +93,12 @@ pub enum DemoError {
     Failed { failed: usize, expected: usize },
     #[error("the detections do not match the pictures: {found} of {drawn} drawn objects found (at least half are expected)")]
     Check { found: usize, drawn: usize },
+}
+
+impl From<AgentError> for DemoError {
+    fn from(e: AgentError) -> Self {
+        Self::Agent(Box::new(e))
+    }
 }
 
 /// The outcome of a successful run.
