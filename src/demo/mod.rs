@@ -22,7 +22,9 @@ pub use broker::{BrokerAddr, BrokerError};
 pub use report::{Check, Observer, Summary};
 
 /// The default model (`models/yolov9t-shapes.safetensors`, see `models/README.md`), built into
-/// the binary so that an installed `yolo-edge demo` needs no file beside it.
+/// the binary so that an installed `yolo-edge demo` needs no file beside it. The demo writes it
+/// into its temporary folder and names it in the generated config, so the agent loads it through
+/// `[model] path` like any other model (no demo-only path inside the agent).
 pub const DEFAULT_MODEL: &[u8] = include_bytes!("../../models/yolov9t-shapes.safetensors");
 /// File name the default model is written under in the demo's folder.
 pub const DEFAULT_MODEL_NAME: &str = "yolov9t-shapes.safetensors";
