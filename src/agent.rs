@@ -1,6 +1,8 @@
 //! The edge agent (`yolo-edge run`): wires config, model, pipeline, sources, publisher,
-//! telemetry and config field updates together, and runs the SIGTERM/SIGINT lifecycle.
+//! telemetry and config field updates together, and runs the lifecycle: until SIGTERM/SIGINT
+//! ([`run`]) or until a caller's shutdown future completes ([`run_with_shutdown`]).
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -104,6 +106,12 @@ fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector
 
 /// Runs the agent until SIGTERM/SIGINT; returns once everything is drained and `offline` sent.
 pub fn run(config_path: &Path) -> Result<(), AgentError> {
+    run_with_shutdown(config_path, wait_for_signal())
+}
+
+/// Runs the agent until `shutdown` completes (polled on the agent's runtime), then drains as on
+/// SIGTERM: intake stopped, in-flight pictures finished and delivered or spooled, `offline` sent.
+pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
     let cfg = Arc::new(Config::load(config_path)?);
     // before the CUDA context exists: the driver reads the JIT cache location at init
     let compute_cache = startup::configure_compute_cache();
@@ -133,7 +141,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     tracing::info!(model = %cfg.model.path.display(), device = %crate::device::device_name(&device), dtype = crate::device::dtype_name(dtype), batch, reason = %batch_reason, "agent starting");
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().thread_name("agent-io").build()?;
-    rt.block_on(run_async(cfg, device, dtype, detector, decision, warm, spool))
+    rt.block_on(run_async(cfg, device, dtype, detector, decision, warm, spool, shutdown))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -145,6 +153,7 @@ async fn run_async(
     decision: BatchDecision,
     warm: Option<StartupTimes>,
     spool: Spool,
+    shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let stats = Arc::new(Stats::default());
     let (batch, batch_reason) = (decision.batch, decision.reason.clone());
@@ -237,7 +246,7 @@ async fn run_async(
 
     let reload_task = tokio::spawn(watch_config(cfg_tx, control, device.clone(), dtype, events.clone(), stats.clone(), stop_rx.clone()));
 
-    wait_for_signal().await;
+    shutdown.await;
     let grace = cfg_rx.borrow().shutdown_grace;
     tracing::info!(grace_s = grace.as_secs_f64(), "shutting down: intake stopped, draining");
     let _ = stop_tx.send(true);

@@ -27,3 +27,4 @@ pub mod randweights;
 pub mod startup;
 pub mod eval;
 pub mod samples;
+pub mod demo;

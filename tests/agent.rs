@@ -1,6 +1,7 @@
 //! The edge agent against a real Mosquitto broker: hot folder throughput and schema, broker
 //! restarts, SIGTERM/SIGKILL, config field updates and model swap, TLS + auth, bad input, and
-//! the runtime OOM fallback (driven on the CPU by the test-only injector).
+//! the runtime OOM fallback (driven on the CPU by the test-only injector); `yolo-edge demo` end
+//! to end (embedded broker, or this test's Mosquitto).
 
 mod common;
 
@@ -531,4 +532,102 @@ fn bench_agent_vs_model_only() {
     println!("| {imgsz} | 4 | {model_fps:.2} | {agent_fps:.2} | {overhead:.1}% |");
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(60)), Some(0));
+}
+
+/// The lines of a demo's output that report one picture's detections, by picture name.
+fn demo_detection_lines(stdout: &str) -> BTreeMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("detections  "))
+        .map(|l| (l.split_whitespace().next().unwrap().to_string(), l.to_string()))
+        .collect()
+}
+
+/// `found` and `drawn` of the demo summary's `check` line.
+fn demo_check(stdout: &str) -> (usize, usize) {
+    let line = stdout.lines().find(|l| l.trim_start().starts_with("check ")).unwrap_or_else(|| panic!("no check line:\n{stdout}"));
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!((w[2], w[4]), ("of", "drawn"), "{line}");
+    (w[1].parse().unwrap(), w[3].parse().unwrap())
+}
+
+#[test]
+fn demo_end_to_end_with_embedded_broker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let annotated = tmp.path().join("annotated");
+    let r = run_demo(tmp.path(), &["--device", "cpu", "--annotate", annotated.to_str().unwrap()], Duration::from_secs(300));
+    let all = format!("stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{all}");
+    assert!(r.stdout.contains("(embedded rumqttd)"), "{all}");
+    // the subscriber saw the agent's real messages
+    assert!(r.stdout.lines().any(|l| l == "status      online"), "{all}");
+    assert!(r.stdout.lines().any(|l| l.starts_with("info        model yolov9t:182a7e7c1428 (5 classes: circle, square, triangle, star, ring) on cpu f32, 416 px")), "{all}");
+    assert!(r.stdout.lines().any(|l| l.starts_with("telemetry   frames ")), "{all}");
+    assert!(r.stdout.lines().any(|l| l == "status      offline"), "{all}");
+    // every sample picture reported, once, with detections of the demo classes
+    let dets = demo_detection_lines(&r.stdout);
+    let names: Vec<String> = (1..=6).map(|i| format!("sample-{i:02}.png")).collect();
+    assert_eq!(dets.keys().cloned().collect::<Vec<_>>(), names, "{all}");
+    assert_eq!(r.stdout.lines().filter(|l| l.starts_with("detections  ")).count(), 6, "one line per picture\n{all}");
+    for class in ["circle", "square", "triangle", "star", "ring"] {
+        assert!(dets.values().any(|l| l.contains(&format!(" {class} 0."))), "no {class} detected\n{all}");
+    }
+    // the summary, and the check against the drawn objects
+    assert!(r.stdout.contains("\nsummary\n"), "{all}");
+    assert!(r.stdout.contains("  pictures    6 written, 6 reported, 0 failed"), "{all}");
+    let (found, drawn) = demo_check(&r.stdout);
+    assert_eq!(drawn, 18, "{all}");
+    assert!(found * 10 >= drawn * 8, "found {found} of {drawn}\n{all}");
+    for k in ["  batch       ", "  memory      peak ", "  throughput  ", "  wall time   "] {
+        assert!(r.stdout.contains(k), "summary lacks `{k}`\n{all}");
+    }
+    // the broker's own logging stays out of the output
+    assert!(!r.stderr.contains("rumqttd") && !r.stdout.contains("rumqttd::"), "{all}");
+    // annotated pictures: the samples with boxes drawn on them
+    let scenes = yolo_edge::samples::scenes();
+    for (i, name) in names.iter().enumerate() {
+        let img = image::open(annotated.join(name)).unwrap_or_else(|e| panic!("{name}: {e}")).to_rgb8();
+        assert_eq!(img.dimensions(), scenes[i].image.dimensions());
+        assert_ne!(img, scenes[i].image, "{name}: no boxes drawn");
+    }
+}
+
+#[test]
+fn demo_publishes_to_a_named_broker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let addr = format!("127.0.0.1:{}", broker.port);
+    let r = run_demo(&tmp.path().join("demo"), &["--device", "cpu", "--broker", &addr, "--images", "3", "--batch", "2"], Duration::from_secs(300));
+    let all = format!("stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{all}");
+    assert!(r.stdout.lines().any(|l| l == format!("broker      {addr}")), "{all}");
+    assert!(r.stdout.contains("  pictures    3 written, 3 reported, 0 failed"), "{all}");
+    assert!(r.stdout.contains("  batch       2 (fixed by config"), "{all}");
+    // the test's own subscriber got the same detections through Mosquitto
+    wait_until(Duration::from_secs(10), "offline status", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+    let msgs = col.detections();
+    let device_id = msgs.first().map(|m| m.topic.split('/').nth(1).unwrap().to_string()).expect("no detections");
+    assert!(device_id.starts_with("demo-"), "{device_id}");
+    let dets: Vec<_> = msgs.iter().map(|m| check_detection(m, &device_id)).collect();
+    let seen: BTreeSet<String> = dets.iter().map(image_name).collect();
+    assert_eq!(seen, ["sample-01.png", "sample-02.png", "sample-03.png"].map(String::from).into_iter().collect::<BTreeSet<_>>(), "{all}");
+    let labels: BTreeSet<String> = dets.iter().flat_map(|v| v["detections"].as_array().unwrap().iter().map(|d| d["label"].as_str().unwrap().to_string())).collect();
+    assert!(labels.iter().all(|l| ["circle", "square", "triangle", "star", "ring"].contains(&l.as_str())), "{labels:?}");
+    assert!(labels.len() >= 4, "classes seen: {labels:?}");
+    for v in &dets {
+        assert!(!v["detections"].as_array().unwrap().is_empty(), "{v}");
+        assert_eq!(v["batch_size"].as_u64().map(|b| b <= 2), Some(true), "{v}");
+    }
+    let info = col.on("/info").last().unwrap().json();
+    assert_eq!(info["model"]["classes"], serde_json::json!(["circle", "square", "triangle", "star", "ring"]));
+}
+
+#[test]
+fn demo_exits_7_when_the_named_broker_is_unreachable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let r = run_demo(tmp.path(), &["--broker", &addr], Duration::from_secs(60));
+    assert_eq!(r.code, Some(7), "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains(&format!("cannot reach the MQTT broker at {addr}")), "{}", r.stderr);
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod convert;
+mod demo;
 mod detect;
 mod run;
 mod plan;
@@ -25,6 +26,12 @@ pub mod exit {
     pub const DEVICE: u8 = 5;
     /// The configuration is invalid.
     pub const CONFIG: u8 = 6;
+    /// `demo`: no MQTT broker (the embedded one did not start, or `--broker` is unreachable).
+    pub const BROKER: u8 = 7;
+    /// `demo`: not every sample picture was reported (timeout, or the agent stopped).
+    pub const INCOMPLETE: u8 = 8;
+    /// `demo`: the detections do not match the objects drawn in the samples.
+    pub const CHECK: u8 = 9;
     /// Any other failure.
     pub const OTHER: u8 = 1;
 }
@@ -38,6 +45,9 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// The whole product in one command: embedded MQTT broker, sample pictures, the agent with
+    /// the built-in model, every message printed, and a summary.
+    Demo(demo::DemoArgs),
     /// Detect objects in image files.
     Detect(detect::DetectArgs),
     /// Describe a model: variant, head, classes, parameters, GFLOPs.
@@ -73,6 +83,7 @@ enum Cmd {
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
+        Cmd::Demo(a) => demo::run(a),
         Cmd::Detect(a) => detect::run(a),
         Cmd::Run(a) => run::run(a),
         Cmd::Convert(a) => convert::run(a),
@@ -81,6 +92,19 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Eval(a) => eval::run(a),
         Cmd::Info { model, imgsz, json } => info(&model, imgsz, json),
         Cmd::Letterbox { image, imgsz, out } => letterbox(&image, imgsz, &out),
+    }
+}
+
+/// The log filter when `RUST_LOG` is unset: `info`, but only warnings for `demo`, whose
+/// readable output goes to stdout. The embedded broker (rumqttd) is silenced unless `RUST_LOG`
+/// names it.
+pub fn log_filter(cli: &Cli, rust_log: Option<&str>) -> String {
+    let demo = matches!(cli.cmd, Cmd::Demo(_));
+    match rust_log.filter(|s| !s.trim().is_empty()) {
+        Some(f) if !demo || f.contains("rumqttd") => f.to_string(),
+        Some(f) => format!("{f},rumqttd=off"),
+        None if demo => "warn,rumqttd=off".into(),
+        None => "info".into(),
     }
 }
 
@@ -138,4 +162,20 @@ fn letterbox(image: &std::path::Path, imgsz: u32, out: &std::path::Path) -> anyh
     }
     eprintln!("{} -> {} ({:?})", image.display(), out.display(), lb.geometry);
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demo_logs_quietly_and_never_from_the_embedded_broker() {
+        let demo = Cli::parse_from(["yolo-edge", "demo"]);
+        let run = Cli::parse_from(["yolo-edge", "run", "--config", "a.toml"]);
+        assert_eq!(log_filter(&demo, None), "warn,rumqttd=off");
+        assert_eq!(log_filter(&demo, Some("debug")), "debug,rumqttd=off");
+        assert_eq!(log_filter(&demo, Some("info,rumqttd=debug")), "info,rumqttd=debug");
+        assert_eq!(log_filter(&run, None), "info");
+        assert_eq!(log_filter(&run, Some("debug")), "debug");
+    }
 }

@@ -462,3 +462,39 @@ pub fn check_detection(m: &Message, device_id: &str) -> serde_json::Value {
 pub fn image_name(v: &serde_json::Value) -> String {
     Path::new(v["image"]["path"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned()
 }
+
+/// What a finished `yolo-edge demo` run printed.
+pub struct DemoRun {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `yolo-edge demo ARGS` (output captured in `dir`); panics when it does not exit within
+/// `timeout` (the demo bounds itself with `--timeout`; this is the test's own guard).
+pub fn run_demo(dir: &Path, args: &[&str], timeout: Duration) -> DemoRun {
+    std::fs::create_dir_all(dir).unwrap();
+    let (out, err) = (dir.join("demo.stdout"), dir.join("demo.stderr"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+        .arg("demo")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("YOLO_EDGE_INJECT_OOM")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if t.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("demo did not exit within {timeout:?}; stdout:\n{}\nstderr:\n{}", std::fs::read_to_string(&out).unwrap_or_default(), std::fs::read_to_string(&err).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    DemoRun { code, stdout: std::fs::read_to_string(&out).unwrap(), stderr: std::fs::read_to_string(&err).unwrap() }
+}
