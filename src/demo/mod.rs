@@ -145,7 +145,8 @@ pub fn sample_set(n: usize) -> Vec<(String, SampleImage)> {
 pub fn agent_config(dir: &Path, model: &Path, broker: &BrokerAddr, device_id: &str, o: &DemoOptions) -> Result<String, DemoError> {
     let utf8 = |p: &Path| p.to_str().map(str::to_string).ok_or_else(|| DemoError::NonUtf8Path(p.to_path_buf()));
     let (batch, max_batch) = match o.batch {
-        BatchSpec::Auto => (serde_json::json!("auto"), 16),
+        // the planner never needs to probe beyond the sample set (each verify is a forward pass)
+        BatchSpec::Auto => (serde_json::json!("auto"), o.images.clamp(1, 16)),
         BatchSpec::Fixed(n) => (serde_json::json!(n), n.max(16)),
     };
     let v = serde_json::json!({
