@@ -1,6 +1,6 @@
-//! The model's f32 convolution on the CPU, on raw slices: im2col (skipped for 1x1) -> one GEMM per
-//! picture straight into the NCHW output -> bias + SiLU (+ residual) in one pass over each output
-//! row while it is still in cache. The result is wrapped in a `Tensor` once.
+//! The model's f32 convolution on the CPU, on raw slices: im2col (skipped for 1x1) -> GEMM
+//! straight into the NCHW output -> bias + SiLU (+ residual) in one pass while the output is still
+//! in cache. The result is wrapped in a `Tensor` once.
 //!
 //! Going through candle's element-wise ops instead costs a full pass over memory per op (bias add,
 //! SiLU, residual add, concat), each behind candle's spinning barrier pool, and candle's `conv2d`
@@ -9,9 +9,10 @@
 //!   several inputs of a 1x1 convolution are a concatenation that is never materialised: each one
 //!   is a slice of the weight's columns, accumulated into the same output (ELAN, RepCSP, SPPELAN);
 //! - inputs that are channel slices (`narrow` on dim 1) of a contiguous tensor are read in place;
-//! - a batch of several pictures runs one picture per thread (single-threaded GEMM, no
-//!   synchronisation inside a layer); a single picture uses all threads inside GEMM, im2col and
-//!   the epilogue;
+//! - the output is cut into tiles of whole output rows (of one picture, all channels) sized so
+//!   that the tile's im2col columns stay in L2; each tile runs im2col -> single-threaded GEMM ->
+//!   epilogue while its data is in cache, and tiles (of all pictures of the batch) are spread over
+//!   rayon's threads: no synchronisation inside a layer, no batch transposes;
 //! - the im2col buffer is reused per thread instead of being allocated per call.
 
 use std::cell::RefCell;
@@ -92,20 +93,22 @@ impl Geom {
     }
 }
 
-/// im2col of one picture's channels `x` (`(C, H, W)`) into `cols` (`(C*k*k, OH*OW)`), rows in
-/// the weight's `(c, ki, kj)` order, every element written (zeros for the padding).
-fn im2col_channel(x: &[f32], cols: &mut [f32], g: &Geom) {
-    let (h, w, k, s, oh, ow) = (g.h, g.w, g.k, g.s, g.oh, g.ow);
+/// im2col of output rows `rows` of one picture's channel `x` (`(H, W)`) into `cols`
+/// (`(k*k, rows.len()*OW)`, in the weight's `(ki, kj)` order), every element written (zeros for
+/// the padding).
+fn im2col_channel(x: &[f32], cols: &mut [f32], g: &Geom, rows: std::ops::Range<usize>) {
+    let (h, w, k, s, ow) = (g.h, g.w, g.k, g.s, g.ow);
     let p = g.p as isize;
+    let nb = rows.len() * ow;
     for ki in 0..k {
         for kj in 0..k {
-            let row = &mut cols[(ki * k + kj) * oh * ow..(ki * k + kj + 1) * oh * ow];
+            let row = &mut cols[(ki * k + kj) * nb..(ki * k + kj + 1) * nb];
             // output columns whose input column `ox*s + kj - p` is inside 0..w
             let dx = kj as isize - p;
-            let ox0 = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(s) };
+            let ox0 = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(s).min(ow) };
             let ox1 = if (w as isize) > dx { ((w as isize - dx - 1) as usize / s + 1).min(ow) } else { 0 };
-            for oy in 0..oh {
-                let out = &mut row[oy * ow..(oy + 1) * ow];
+            for (r, oy) in rows.clone().enumerate() {
+                let out = &mut row[r * ow..(r + 1) * ow];
                 let iy = (oy * s + ki) as isize - p;
                 if iy < 0 || iy >= h as isize || ox0 >= ox1 {
                     out.fill(0.0);
@@ -114,25 +117,16 @@ fn im2col_channel(x: &[f32], cols: &mut [f32], g: &Geom) {
                 let src = &x[iy as usize * w..(iy as usize + 1) * w];
                 out[..ox0].fill(0.0);
                 out[ox1..].fill(0.0);
-                let first = (ox0 * s) as isize + dx;
+                let first = ((ox0 * s) as isize + dx) as usize;
                 if s == 1 {
-                    out[ox0..ox1].copy_from_slice(&src[first as usize..first as usize + (ox1 - ox0)]);
+                    out[ox0..ox1].copy_from_slice(&src[first..first + (ox1 - ox0)]);
                 } else {
-                    for (o, v) in out[ox0..ox1].iter_mut().zip(src[first as usize..].iter().step_by(s)) {
+                    for (o, v) in out[ox0..ox1].iter_mut().zip(src[first..].iter().step_by(s)) {
                         *o = *v;
                     }
                 }
             }
         }
-    }
-}
-
-fn im2col(x: &[f32], cols: &mut [f32], g: &Geom, parallel: bool) {
-    let (plane, rows) = (g.h * g.w, g.k * g.k * g.oh * g.ow);
-    if parallel {
-        cols.par_chunks_mut(rows).enumerate().for_each(|(c, out)| im2col_channel(&x[c * plane..(c + 1) * plane], out, g));
-    } else {
-        cols.chunks_mut(rows).enumerate().for_each(|(c, out)| im2col_channel(&x[c * plane..(c + 1) * plane], out, g));
     }
 }
 
@@ -176,61 +170,68 @@ fn epilogue_row(row: &mut [f32], b: f32, act: bool, res: Option<&[f32]>) {
     epilogue_row_generic(row, b, act, res)
 }
 
-/// One picture: GEMM(s) into `dst` (`(CO, OH*OW)`), then the epilogue.
+/// The output buffer of one layer, shared by its tiles.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every tile writes a disjoint set of elements (its own pixel columns of its own picture).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// One tile: output rows `rows` of one picture, all channels. im2col of just those pixels (kept
+/// in cache), GEMM(s) into the tile's columns of `dst` (the picture's `(CO, OH*OW)` block), then
+/// the epilogue on the tile while it is still in cache. Single-threaded: tiles are the unit of
+/// parallelism.
 #[allow(clippy::too_many_arguments)]
-fn conv_image(parts: &[(&[f32], usize)], wt: &[f32], bias: &[f32], g: &Geom, act: bool, res: Option<&[f32]>, dst: &mut [f32], threads: usize) {
+fn conv_tile(parts: &[(&[f32], usize)], wt: &[f32], bias: &[f32], g: &Geom, act: bool, res: Option<&[f32]>, dst: OutPtr, rows: std::ops::Range<usize>) {
     let n = g.oh * g.ow;
+    let (p0, p1) = (rows.start * g.ow, rows.end * g.ow);
+    let nb = p1 - p0;
     let kdim = g.ci * g.k * g.k;
-    let par = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-    let run_gemm = |dst: &mut [f32], k: usize, lhs: &[f32], rhs: &[f32], accumulate: bool| {
-        debug_assert!(dst.len() >= g.co * n && rhs.len() >= k * n && lhs.len() >= (g.co - 1) * kdim + k);
-        // SAFETY: dst is (co, n) row-major, lhs is co rows of `k` values `kdim` apart (columns
-        // of the weight matrix), rhs is (k, n) row-major; the slices cover those extents
-        // (checked above in debug builds, guaranteed by the callers' shape checks).
+    // SAFETY (for the pointer arithmetic below): `dst` points at a picture's CO * n elements
+    // and p1 <= n.
+    let tile = unsafe { dst.0.add(p0) };
+    let run_gemm = |k: usize, lhs: &[f32], rhs: &[f32], rhs_rs: usize, accumulate: bool| {
+        assert!(rhs.len() >= (k - 1) * rhs_rs + nb && lhs.len() >= (g.co - 1) * kdim + k);
+        // SAFETY: dst is CO rows of `nb` values `n` apart (this tile's columns, written by no
+        // other tile), lhs is CO rows of `k` values `kdim` apart (columns of the weight matrix),
+        // rhs is `k` rows of `nb` values `rhs_rs` apart; the slices cover those extents (asserted
+        // above). With `accumulate == false`, gemm writes dst without reading it.
         unsafe {
-            gemm(
-                g.co,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                accumulate,
-                lhs.as_ptr(),
-                1,
-                kdim as isize,
-                rhs.as_ptr(),
-                1,
-                n as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                par,
-            )
+            gemm(g.co, nb, k, tile, 1, n as isize, accumulate, lhs.as_ptr(), 1, kdim as isize, rhs.as_ptr(), 1, rhs_rs as isize, 1.0, 1.0, false, false, false, Parallelism::None)
         }
     };
     if g.is_pointwise() {
         let mut c0 = 0;
         for (i, (x, c)) in parts.iter().enumerate() {
-            run_gemm(dst, *c, &wt[c0..], x, i > 0);
+            run_gemm(*c, &wt[c0..], &x[p0..], n, i > 0);
             c0 += c;
         }
     } else {
-        let x = parts[0].0;
-        with_scratch(kdim * n, |cols| {
-            im2col(x, cols, g, threads > 1);
-            run_gemm(dst, kdim, wt, cols, false);
+        let (x, plane, taps) = (parts[0].0, g.h * g.w, g.k * g.k * nb);
+        with_scratch(kdim * nb, |cols| {
+            for (c, out) in cols.chunks_mut(taps).enumerate() {
+                im2col_channel(&x[c * plane..(c + 1) * plane], out, g, rows.clone());
+            }
+            run_gemm(kdim, wt, cols, nb, false);
         });
     }
-    let rows = dst[..g.co * n].chunks_mut(n).enumerate();
-    let one = |(c, row): (usize, &mut [f32])| epilogue_row(row, bias[c], act, res.map(|r| &r[c * n..(c + 1) * n]));
-    if threads > 1 && g.co * n >= 1 << 15 {
-        dst[..g.co * n].par_chunks_mut(n).enumerate().for_each(one);
-    } else {
-        rows.for_each(one);
+    for (c, &b) in bias.iter().enumerate().take(g.co) {
+        // SAFETY: this tile's columns of channel c, fully written by the GEMM above.
+        let row = unsafe { std::slice::from_raw_parts_mut(tile.add(c * n), nb) };
+        epilogue_row(row, b, act, res.map(|r| &r[c * n + p0..c * n + p1]));
     }
+}
+
+/// Output rows per tile: im2col columns of about 512 KiB (L2), but at least two tiles per thread.
+fn tile_rows(g: &Geom, b: usize, threads: usize) -> usize {
+    let kdim = (g.ci * g.k * g.k).max(g.co);
+    let cols = ((1usize << 17) / kdim).clamp(256, 8192);
+    let mut rows = (cols / g.ow).clamp(1, g.oh);
+    let want = 2 * threads;
+    if b * g.oh.div_ceil(rows) < want {
+        rows = (b * g.oh).div_ceil(want).clamp(1, g.oh);
+    }
+    rows
 }
 
 /// `act(conv2d(cat(inputs, 1), weight) + bias) (+ residual)` for f32 CPU tensors, groups 1,
@@ -283,19 +284,25 @@ pub fn conv2d(inputs: &[&Tensor], weight: &Tensor, bias: &Tensor, stride: usize,
     };
 
     let out_len = co * g.oh * g.ow;
-    let mut out = vec![0f32; b * out_len];
     let threads = rayon::current_num_threads();
-    let run = |i: usize, dst: &mut [f32], threads: usize| {
+    let rows = tile_rows(&g, b, threads);
+    let tiles = g.oh.div_ceil(rows);
+    let mut out: Vec<f32> = Vec::with_capacity(b * out_len);
+    let base = OutPtr(out.as_mut_ptr());
+    let run = |j: usize| {
+        let (i, t) = (j / tiles, j % tiles);
         let parts: Vec<(&[f32], usize)> = views.iter().zip(&chans).map(|(v, &c)| (v.image(i), c)).collect();
-        conv_image(&parts, wv, bv, &g, act, res_view.as_ref().map(|r| r.image(i)), dst, threads);
+        // SAFETY: picture i's block lies inside the allocation of b * out_len elements.
+        let dst = OutPtr(unsafe { base.0.add(i * out_len) });
+        conv_tile(&parts, wv, bv, &g, act, res_view.as_ref().map(|r| r.image(i)), dst, t * rows..((t + 1) * rows).min(g.oh));
     };
-    // whole pictures per thread when they divide evenly (or there are many), else every thread
-    // inside each picture
-    if threads > 1 && b >= threads && (b % threads == 0 || b >= 4 * threads) {
-        out.par_chunks_mut(out_len).enumerate().for_each(|(i, dst)| run(i, dst, 1));
+    if threads > 1 && b * tiles > 1 {
+        (0..b * tiles).into_par_iter().for_each(run);
     } else {
-        out.chunks_mut(out_len).enumerate().for_each(|(i, dst)| run(i, dst, threads));
+        (0..b * tiles).for_each(run);
     }
+    // SAFETY: the tiles cover every (picture, channel, pixel) and each wrote all of its elements.
+    unsafe { out.set_len(b * out_len) };
     drop((guards, res_guard, wg, bg));
     Tensor::from_vec(out, (b, co, g.oh, g.ow), &Device::Cpu)
 }
@@ -331,6 +338,10 @@ mod tests {
             (3, 16, 12, 7, 9, 1, 1),
             (2, 4, 6, 9, 8, 1, 2),
             (4, 8, 16, 12, 12, 3, 1),
+            // several tiles per picture
+            (3, 16, 8, 64, 40, 3, 1),
+            (1, 8, 8, 70, 30, 3, 2),
+            (2, 32, 16, 96, 80, 1, 1),
         ] {
             for act in [false, true] {
                 let p = k / 2;
