@@ -177,6 +177,13 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// SAFETY: `off` must stay inside the allocation.
+    unsafe fn add(self, off: usize) -> Self {
+        Self(self.0.add(off))
+    }
+}
+
 /// One tile: output rows `rows` of one picture, all channels. im2col of just those pixels (kept
 /// in cache), GEMM(s) into the tile's columns of `dst` (the picture's `(CO, OH*OW)` block), then
 /// the epilogue on the tile while it is still in cache. Single-threaded: tiles are the unit of
@@ -293,7 +300,7 @@ pub fn conv2d(inputs: &[&Tensor], weight: &Tensor, bias: &Tensor, stride: usize,
         let (i, t) = (j / tiles, j % tiles);
         let parts: Vec<(&[f32], usize)> = views.iter().zip(&chans).map(|(v, &c)| (v.image(i), c)).collect();
         // SAFETY: picture i's block lies inside the allocation of b * out_len elements.
-        let dst = OutPtr(unsafe { base.0.add(i * out_len) });
+        let dst = unsafe { base.add(i * out_len) };
         conv_tile(&parts, wv, bv, &g, act, res_view.as_ref().map(|r| r.image(i)), dst, t * rows..((t + 1) * rows).min(g.oh));
     };
     if threads > 1 && b * tiles > 1 {
