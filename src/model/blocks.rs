@@ -203,8 +203,35 @@ fn depthwise(x: &Tensor, w: &Tensor, k: usize, pad: usize) -> candle_core::Resul
     acc.ok_or_else(|| candle_core::Error::Msg("empty depthwise kernel".into()))
 }
 
-impl Module for Conv {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+impl Conv {
+    /// `act(conv(cat(xs, 1)) + bias) (+ residual)`. On the CPU in f32 this is one pass
+    /// ([`super::cpuconv`]): no concatenation, bias, activation or residual tensors in between.
+    pub fn forward_cat(&self, xs: &[&Tensor], residual: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let x0 = xs.first().ok_or_else(|| candle_core::Error::Msg("conv without input".into()))?;
+        let (k, s) = (self.weight.dim(2)?, self.stride);
+        if self.calib.is_none()
+            && self.groups == 1
+            && x0.device().is_cpu()
+            && self.weight.dtype() == DType::F32
+            && xs.iter().all(|x| x.dtype() == DType::F32)
+            && (xs.len() == 1 || (k == 1 && s == 1 && self.padding == 0))
+        {
+            let y = crate::profile::scope(
+                || format!("{} +bias+act (fused)", self.op_name(x0)),
+                || super::cpuconv::conv2d(xs, &self.weight, &self.bias, s, self.padding, self.act, residual),
+            )?;
+            count_macs(&self.weight, &y);
+            return Ok(y);
+        }
+        let y = if xs.len() == 1 { self.forward_one(x0)? } else { self.forward_one(&Tensor::cat(xs, 1)?)? };
+        match residual {
+            Some(r) => r + y,
+            None => Ok(y),
+        }
+    }
+
+    /// candle's ops: the GPU path, f16, grouped convolutions and BatchNorm calibration.
+    fn forward_one(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = crate::profile::scope(|| self.op_name(x), || self.conv(x))?;
         let Some(c) = &self.calib else {
             return crate::profile::scope(|| (if self.act { "bias+silu" } else { "bias" }).into(), || self.activate(y.broadcast_add(&self.bias.reshape((1, (), 1, 1))?)?));
@@ -218,15 +245,19 @@ impl Module for Conv {
         let inv = (var + BN_EPS)?.sqrt()?.recip()?;
         self.activate(centered.broadcast_mul(&inv)?.broadcast_mul(&c.gamma.reshape((1, (), 1, 1))?)?.broadcast_add(&c.beta.reshape((1, (), 1, 1))?)?)
     }
-}
 
-impl Conv {
     fn activate(&self, y: Tensor) -> candle_core::Result<Tensor> {
         if self.act {
             y.silu()
         } else {
             Ok(y)
         }
+    }
+}
+
+impl Module for Conv {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.forward_cat(&[x], None)
     }
 }
 
@@ -271,7 +302,7 @@ pub struct RepBottleneck {
 
 impl Module for RepBottleneck {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x + self.cv2.forward(&self.cv1.forward(x)?)?
+        self.cv2.forward_cat(&[&self.cv1.forward(x)?], Some(x))
     }
 }
 
@@ -308,7 +339,7 @@ impl Module for RepCsp {
         for b in &self.m {
             a = b.forward(&a)?;
         }
-        self.cv3.forward(&Tensor::cat(&[a, self.cv2.forward(x)?], 1)?)
+        self.cv3.forward_cat(&[&a, &self.cv2.forward(x)?], None)
     }
 }
 
@@ -366,11 +397,11 @@ impl Module for Elan {
         let y = self.cv1.forward(x)?;
         let c = y.dim(1)?;
         let half = c.div_ceil(2);
-        let y0 = y.narrow(1, 0, half)?;
         let y1 = y.narrow(1, half, c - half)?;
         let y2 = self.cv2.forward(&y1)?;
         let y3 = self.cv3.forward(&y2)?;
-        self.cv4.forward(&Tensor::cat(&[y0, y1, y2, y3], 1)?)
+        // chunk(2) gives y0, y1 and cat(y0, y1) is y itself
+        self.cv4.forward_cat(&[&y, &y2, &y3], None)
     }
 }
 
@@ -448,7 +479,7 @@ impl Module for Sppelan {
             let y = max_pool_padded(ys.last().unwrap(), 5, 1)?;
             ys.push(y);
         }
-        self.cv5.forward(&Tensor::cat(&ys, 1)?)
+        self.cv5.forward_cat(&ys.iter().collect::<Vec<_>>(), None)
     }
 }
 

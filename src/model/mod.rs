@@ -4,6 +4,7 @@
 
 pub mod arch;
 pub mod blocks;
+mod cpuconv;
 pub mod head;
 
 use std::collections::HashMap;
