@@ -325,6 +325,7 @@ pub struct AgentConf {
     pub batch_auto: bool,
     /// Extra keys of the [device] table, e.g. `memory_limit = "60MiB"`.
     pub device_extra: String,
+    pub imgsz: usize,
     pub max_wait_ms: u64,
     pub conf: f64,
     pub telemetry_s: f64,
@@ -347,6 +348,7 @@ impl AgentConf {
             batch: 4,
             batch_auto: false,
             device_extra: String::new(),
+            imgsz: 160,
             max_wait_ms: 20,
             conf: 0.25,
             telemetry_s: 1.0,
@@ -361,7 +363,7 @@ impl AgentConf {
         format!(
             r#"[device]
 device = "cpu"
-imgsz = 160
+imgsz = {imgsz}
 batch = {batch_value}
 max_batch = {batch}
 max_wait_ms = {wait}
@@ -404,6 +406,7 @@ grace_s = {grace}
 {extra}
 "#,
             batch = self.batch,
+            imgsz = self.imgsz,
             batch_value = if self.batch_auto { "\"auto\"".to_string() } else { self.batch.to_string() },
             device_extra = self.device_extra,
             wait = self.max_wait_ms,
