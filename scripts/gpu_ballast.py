@@ -244,7 +244,7 @@ grace_s = 20
         "n": n, "elapsed_s": round(elapsed, 1), "startup_batch": startup_batch, "detection_messages": len(dets),
         "distinct_images": len(set(got)), "failed_files": failed, "oom_fallback_events": len(ooms),
         "batch_changes": changes, "batch_runs": runs, "timeline": timeline, "checks": checks, "agent_rc": rc,
-        "plan_reason": (re.search(r"reason=([^\n]*)", text).group(1) if re.search(r"reason=", text) else None),
+        "plan_reason": (m.group(1) if (m := re.search(r"agent starting .*? reason=([^\n]*)", text)) else None),
     }
     (work / "ballast.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: summary[k] for k in ("n", "elapsed_s", "startup_batch", "detection_messages", "distinct_images",
