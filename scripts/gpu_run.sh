@@ -4,10 +4,11 @@
 # PyTorch + ultralytics, `yolo-edge bench` beside PyTorch's bench_torch.py, planner checks.
 #
 # Usage (from the repo root). What it needs travels in git-ignored folders, named by env vars:
-#   $DIST/yolo-edge-cuda-sm90.xz        (scripts/build-cuda.sh 90; DIST defaults to dist)
+#   $DIST/yolo-edge-cuda-sm90-cudnn.xz  (scripts/build-cuda.sh 90 --cudnn; DIST defaults to dist;
+#                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab plan sweep ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab wsab plan sweep ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # The device tool copies the session's checkout, so stage these (and this script) under an
 # ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64)
@@ -30,7 +31,7 @@ say() { echo "$*" | tee -a "$SUM"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 BIN=/tmp/yolo-edge
-xz -dc "$DIST/yolo-edge-cuda-sm90.xz" > "$BIN" && chmod +x "$BIN"
+xz -dc "$DIST/${BIN_XZ:-yolo-edge-cuda-sm90-cudnn.xz}" > "$BIN" && chmod +x "$BIN"
 SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
@@ -43,7 +44,7 @@ if has info; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1 | tee -a "$SUM"
   "$BIN" --version | tee -a "$SUM"
-  ldd "$BIN" | grep -E "cuda|cublas|curand" | tee -a "$SUM"
+  ldd "$BIN" | grep -E "cuda|cublas|curand|cudnn" | tee -a "$SUM"
 fi
 
 if has startup; then
@@ -84,10 +85,19 @@ if has e2e; then
 fi
 
 if has ab; then
-  say "## A/B: 1x1 convolutions as one batched GEMM (YOLO_EDGE_CONV1X1=matmul) vs candle conv2d"
-  for m in conv matmul; do
-    YOLO_EDGE_CONV1X1=$m timeout 200 "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-s,c}" --dtype f16 --batches "${AB_BATCHES:-1,32,128}" --mode model --out "$W/ab-$m" > "$W/ab-$m.md" 2> "$W/ab-$m.log"
-    echo "conv1x1=$m" >> "$SUM"; cat "$W/ab-$m.md" >> "$SUM"
+  say "## A/B, same binary: candle's im2col conv + candle's bias/SiLU/add (before) -> one-kernel epilogue -> + cuDNN plans for k>1 convs (now)"
+  for m in before:im2col:candle epilogue:im2col:fused cudnn:cudnn:fused; do
+    IFS=: read -r name conv epi <<<"$m"
+    YOLO_EDGE_CONV=$conv YOLO_EDGE_EPILOGUE=$epi timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${AB_BATCHES:-1,32,128}" --mode model --warmup 2 --iters 5 --out "$W/ab-$name" > "$W/ab-$name.md" 2> "$W/ab-$name.log"
+    echo "### $name (YOLO_EDGE_CONV=$conv YOLO_EDGE_EPILOGUE=$epi)" >> "$SUM"; cat "$W/ab-$name.md" >> "$SUM"
+  done
+fi
+
+if has wsab; then
+  say "## A/B: largest cuDNN workspace offered to the algorithm search (YOLO_EDGE_CUDNN_WORKSPACE_MIB)"
+  for ws in ${WS_SIZES:-64 256 1024}; do
+    YOLO_EDGE_CUDNN_WORKSPACE_MIB=$ws timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${WS_BATCHES:-32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/ws-$ws" > "$W/ws-$ws.md" 2> "$W/ws-$ws.log"
+    echo "### workspace <= $ws MiB" >> "$SUM"; cat "$W/ws-$ws.md" >> "$SUM"
   done
 fi
 
@@ -131,15 +141,18 @@ fi
 
 if has sweep; then
   say "## planner sweep + soak (f16, 640, fraction 0.8, max_batch 256): predicted vs measured at every batch up to the chosen one, the largest batch that fits, OOM count at the chosen batch"
-  say "| variant | limit | chosen | largest fitting | chosen/largest | worst pred. error <= chosen | soak passes | soak OOM | soak s |"
-  say "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches 3..chosen | worst abs. error MiB <= chosen | soak passes | soak OOM | soak peak MiB | soak s |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do
-    timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --soak "${SOAK:-1000}" --soak-seconds "${SOAK_SECONDS:-20}" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
+    timeout "${SWEEP_TIMEOUT:-300}" "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --soak "${SOAK:-1000}" --soak-seconds "${SOAK_SECONDS:-20}" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
     python3 - "$W/sweep-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
 import json, sys
 try:
-    d = json.load(open(sys.argv[1])); p = d["plan"]; s = d["sweep"]; k = d["soak"]
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*s['worst_error_to_chosen']:.1f}% | {k['passes']} | {k['oom']} | {k['seconds']:.0f} |")
+    d = json.load(open(sys.argv[1])); p = d["plan"]; s = d["sweep"]; k = d["soak"]; M = 2**20
+    pts = [q for q in s["points"] if q["batch"] <= p["batch"] and q.get("measured") is not None]
+    rel = max([abs(q["error"]) for q in pts if q["batch"] >= 3 and q.get("error") is not None] or [0])
+    ab = max([abs(q["predicted"] - q["measured"]) / M for q in pts] or [0])
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} |")
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY

@@ -47,7 +47,27 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usi
     if kh == 1 && kw == 1 && stride == 1 && padding == 0 && groups == 1 && conv1x1_mode() == Conv1x1::Matmul {
         return conv1x1_matmul(x, w);
     }
+    #[cfg(feature = "cudnn")]
+    if cudnn_takes(x) {
+        if let Some(r) = crate::model::cudnn_conv::conv2d(x, w, padding, stride, groups) {
+            return r;
+        }
+    }
     x.conv2d(w, padding, stride, 1, groups)
+}
+
+/// Whether convolutions of `x` (other than 1x1 GEMMs) go to cuDNN: a CUDA tensor in a build with
+/// the `cudnn` feature, unless `YOLO_EDGE_CONV=im2col`.
+pub fn cudnn_takes(x: &Tensor) -> bool {
+    #[cfg(feature = "cudnn")]
+    {
+        x.device().is_cuda() && crate::model::cudnn_conv::enabled()
+    }
+    #[cfg(not(feature = "cudnn"))]
+    {
+        let _ = x;
+        false
+    }
 }
 
 #[cfg(test)]

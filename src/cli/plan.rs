@@ -124,21 +124,23 @@ fn sweep(prober: &DetectorProber, plan: &planner::Plan) -> Sweep {
     Sweep { largest_fitting: ok, chosen_share: if ok > 0 { plan.batch as f64 / ok as f64 } else { 0.0 }, worst_error_to_chosen: worst, points }
 }
 
-/// `--soak`: forward passes at the chosen batch; returns (passes, out-of-memory errors, seconds).
-fn soak(det: &yolo_edge::detector::Detector, batch: usize, n: usize, max_s: f64) -> anyhow::Result<(usize, usize, f64)> {
-    let s = det.imgsz();
-    let x = candle_core::Tensor::rand(0f32, 1f32, (batch, 3, s, s), det.device())?.to_dtype(det.dtype())?;
-    let t = Instant::now();
-    let (mut done, mut ooms) = (0, 0);
-    while done < n && t.elapsed().as_secs_f64() < max_s {
-        match det.model().forward(&x).and_then(|y| y.device().synchronize().map(|_| y)) {
-            Ok(_) => {}
-            Err(e) if yolo_edge::memory::is_oom(&e) => ooms += 1,
-            Err(e) => return Err(e.into()),
+/// `--soak`: batches at the chosen size through the agent's path. With `--memory-limit` on a
+/// GPU that has more free memory than the limit, the rest is taken first by a ballast
+/// allocation, so that the soak runs with only the limit free, as on the emulated box.
+fn soak(det: &yolo_edge::detector::Detector, batch: usize, n: usize, max_s: f64, limit: Option<u64>) -> anyhow::Result<(planner::Soak, u64)> {
+    let dev = det.device();
+    let mut ballast_bytes = 0u64;
+    let ballast = match (limit, dev.is_cuda()) {
+        (Some(limit), true) => {
+            let free = devmem::device_memory(dev)?.free;
+            ballast_bytes = free.saturating_sub(limit);
+            (ballast_bytes > 0).then(|| candle_core::Tensor::zeros(ballast_bytes as usize, candle_core::DType::U8, dev)).transpose()?
         }
-        done += 1;
-    }
-    Ok((done, ooms, t.elapsed().as_secs_f64()))
+        _ => None,
+    };
+    let r = DetectorProber::new(det).soak(batch, n, max_s).map_err(|e| anyhow::anyhow!("soak: {e:?}"));
+    drop(ballast);
+    Ok((r?, ballast_bytes))
 }
 
 pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
@@ -166,8 +168,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let plan_ms = t1.elapsed().as_secs_f64() * 1e3;
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);
     let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan));
-    let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds)?) } else { None };
-    let soak_json = soaked.map(|(n, ooms, secs)| serde_json::json!({"batch": plan.batch, "passes": n, "oom": ooms, "seconds": secs}));
+    let limit = cfg.memory_limit;
+    let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
+    let soak_json = soaked.as_ref().map(|(k, ballast)| {
+        serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak,
+            "within_budget": k.peak <= plan.budget.bytes, "ballast": ballast})
+    });
     if a.json {
         let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "sweep": sw, "soak": soak_json});
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -205,8 +211,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
             }
             println!("  largest batch that fits: {} (chosen {} = {:.0}%); worst error up to the chosen batch {:.1}%", sw.largest_fitting, plan.batch, sw.chosen_share * 100.0, sw.worst_error_to_chosen * 100.0);
         }
-        if let Some((n, ooms, secs)) = soaked {
-            println!("soak         {n} passes at batch {} in {secs:.1} s: {ooms} out of memory", plan.batch);
+        if let Some((k, ballast)) = &soaked {
+            let held = if *ballast > 0 { format!(", {:.0} MiB held by a ballast so that only the limit is free", *ballast as f64 / MIB) } else { String::new() };
+            println!(
+                "soak         {} passes at batch {} in {:.1} s: {} out of memory; peak {:.1} MiB ({} the budget of {:.1} MiB){held}",
+                k.passes, k.batch, k.seconds, k.oom, k.peak as f64 / MIB, if k.peak <= plan.budget.bytes { "within" } else { "OVER" }, plan.budget.bytes as f64 / MIB
+            );
         }
         println!("planned in {plan_ms:.0} ms (startup: load {:.0} ms, first forward {:.1} ms, second {:.1} ms)", st.load_ms, st.first_forward_ms, st.second_forward_ms);
     }

@@ -14,6 +14,14 @@ thread_local! {
     pub(crate) static MACS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
+/// Whether CUDA convolutions finish in the one-kernel epilogue (`YOLO_EDGE_EPILOGUE=candle`
+/// selects candle's broadcast add + silu + add instead, for comparison).
+#[cfg(feature = "cuda")]
+fn gpu_epilogue_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("YOLO_EDGE_EPILOGUE").as_deref() != Ok("candle"))
+}
+
 fn count_macs(w: &Tensor, out: &Tensor) {
     MACS.with(|m| {
         if let Some(v) = m.get() {
@@ -132,7 +140,7 @@ impl Conv {
     fn conv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (c_out, cin_g, k, _) = self.weight.dims4()?;
         let c_in = x.dim(1)?;
-        let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 {
+        let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 && !crate::fastconv::cudnn_takes(x) {
             depthwise(x, &self.weight, k, self.padding)?
         } else if self.groups == 1 && x.device().is_cpu() {
             im2col_gemm(x, &self.weight, self.stride, self.padding)?
@@ -222,6 +230,13 @@ impl Conv {
             )?;
             count_macs(&self.weight, &y);
             return Ok(y);
+        }
+        #[cfg(feature = "cuda")]
+        if self.calib.is_none() && x0.device().is_cuda() && gpu_epilogue_on() {
+            let x = if xs.len() == 1 { (*x0).clone() } else { crate::profile::scope(|| "concat".into(), || Tensor::cat(xs, 1))? };
+            let y = crate::profile::scope(|| self.op_name(&x), || self.conv(&x))?;
+            let what = || format!("{}{} (fused)", if self.act { "bias+silu" } else { "bias" }, if residual.is_some() { "+residual" } else { "" });
+            return crate::profile::scope(what, || super::gpu_epilogue::bias_act(&y, &self.bias, self.act, residual));
         }
         let y = if xs.len() == 1 { self.forward_one(x0)? } else { self.forward_one(&Tensor::cat(xs, 1)?)? };
         match residual {

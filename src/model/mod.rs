@@ -5,6 +5,10 @@
 pub mod arch;
 pub mod blocks;
 mod cpuconv;
+#[cfg(feature = "cudnn")]
+pub(crate) mod cudnn_conv;
+#[cfg(feature = "cuda")]
+mod gpu_epilogue;
 pub mod head;
 
 use std::collections::HashMap;

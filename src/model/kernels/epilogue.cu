@@ -1,0 +1,57 @@
+// What follows every convolution of the model, in one pass over the activations:
+//   out = act(y + bias[c]) (+ residual),  act = SiLU or identity,
+// computed in f32 and rounded once (candle needs three kernels and three round trips through
+// memory for this: broadcast add, silu, add). NCHW, contiguous; `hw` = H*W, `c` = channels.
+// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_epilogue.rs.
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+template <typename T> __device__ __forceinline__ float ld(T v);
+template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
+template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T st(float v);
+template <> __device__ __forceinline__ float st<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T>
+__device__ void bias_act(const T *y, const T *bias, const T *res, T *out, unsigned int n,
+                         unsigned int hw, unsigned int c, int act, int has_res) {
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    float v = ld(y[i]) + ld(bias[(i / hw) % c]);
+    if (act) v = silu(v);
+    if (has_res) v += ld(res[i]);
+    out[i] = st<T>(v);
+  }
+}
+
+extern "C" __global__ void bias_act_f32(const float *y, const float *bias, const float *res, float *out,
+                                        unsigned int n, unsigned int hw, unsigned int c, int act, int has_res) {
+  bias_act<float>(y, bias, res, out, n, hw, c, act, has_res);
+}
+
+extern "C" __global__ void bias_act_f16(const __half *y, const __half *bias, const __half *res, __half *out,
+                                        unsigned int n, unsigned int hw, unsigned int c, int act, int has_res) {
+  bias_act<__half>(y, bias, res, out, n, hw, c, act, has_res);
+}
+
+// Two halves per thread (H*W even, pointers 4-byte aligned): n2 = n/2 pairs, hw2 = hw/2.
+extern "C" __global__ void bias_act_f16x2(const __half2 *y, const __half *bias, const __half2 *res, __half2 *out,
+                                          unsigned int n2, unsigned int hw2, unsigned int c, int act, int has_res) {
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += blockDim.x * gridDim.x) {
+    float b = __half2float(bias[(i / hw2) % c]);
+    float2 v = __half22float2(y[i]);
+    v.x += b;
+    v.y += b;
+    if (act) {
+      v.x = silu(v.x);
+      v.y = silu(v.y);
+    }
+    if (has_res) {
+      float2 r = __half22float2(res[i]);
+      v.x += r.x;
+      v.y += r.y;
+    }
+    out[i] = __floats2half2_rn(v.x, v.y);
+  }
+}
