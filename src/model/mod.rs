@@ -5,6 +5,7 @@
 pub mod arch;
 pub mod blocks;
 mod cpuconv;
+mod cpukernel;
 pub mod head;
 
 use std::collections::HashMap;
