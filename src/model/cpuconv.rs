@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use candle_core::{bail, DType, Device, Result, Storage, Tensor};
 use gemm::{gemm, Parallelism};
 
-use super::cpukernel::{self, PackedWeights, KC, MR, NR};
+use super::cpukernel::{self, silu, Epilogue, PackedWeights, KC, MR, NR};
 use rayon::prelude::*;
 
 /// The per-picture view of a `(B, C, H, W)` f32 CPU tensor whose pictures are each contiguous
@@ -132,19 +132,6 @@ fn im2col_channel(x: &[f32], cols: &mut [f32], g: &Geom, rows: std::ops::Range<u
     }
 }
 
-/// SiLU with a polynomial `exp` (Cephes `expf`, relative error ~1e-7) that vectorises, unlike
-/// the libm call.
-#[inline(always)]
-fn silu(v: f32) -> f32 {
-    let x = (-v).clamp(-87.0, 88.0);
-    let fx = (x * std::f32::consts::LOG2_E + 0.5).floor();
-    let r = x - fx * 0.693_359_4 - fx * -2.121_944_4e-4;
-    let y = ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 5.000_000_1e-1;
-    let y = y * r * r + r + 1.0;
-    let e = y * f32::from_bits(((fx as i32 + 127) as u32) << 23);
-    v / (1.0 + e)
-}
-
 /// `row = act(row + b) (+ res)` over one output channel of one picture.
 #[inline(always)]
 fn epilogue_row_generic(row: &mut [f32], b: f32, act: bool, res: Option<&[f32]>) {
@@ -231,25 +218,29 @@ fn conv_tile(parts: &[(&[f32], usize)], wt: &[f32], bias: &[f32], g: &Geom, act:
     }
 }
 
-/// Writes `out[i] = x_row[(ox0 + i) * s + dx]` (zero outside the row) for one input row `x_row`
-/// (`None`: a padding row).
-fn fill_segment(out: &mut [f32], x_row: Option<&[f32]>, ox0: usize, s: usize, dx: isize) {
+/// Writes `out[i] = x_row[(ox0 + i) * s + dx]` for one input row `x_row` (`None`: a padding
+/// row), zero outside `valid` (the output columns whose input column is inside the row).
+fn fill_segment(out: &mut [f32], x_row: Option<&[f32]>, ox0: usize, s: usize, dx: isize, valid: (usize, usize)) {
     let Some(src) = x_row else {
         out.fill(0.0);
         return;
     };
-    let w = src.len() as isize;
-    // output columns ox with 0 <= ox*s + dx < w, clipped to ox0..ox0+len
-    let lo = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(s) };
-    let hi = if w > dx { (w - dx - 1) as usize / s + 1 } else { 0 };
-    let (a, b) = (lo.clamp(ox0, ox0 + out.len()) - ox0, hi.clamp(ox0, ox0 + out.len()) - ox0);
+    let len = out.len();
+    let (a, b) = (valid.0.clamp(ox0, ox0 + len) - ox0, valid.1.clamp(ox0, ox0 + len) - ox0);
     if a >= b {
         out.fill(0.0);
         return;
     }
+    let first = (((ox0 + a) * s) as isize + dx) as usize;
+    if s == 1 && a == 0 && b == NR {
+        // the common case: a whole panel row inside the picture, copied with a fixed size
+        if let (Ok(o), Some(Ok(v))) = (<&mut [f32; NR]>::try_from(&mut *out), src.get(first..first + NR).map(<&[f32; NR]>::try_from)) {
+            *o = *v;
+            return;
+        }
+    }
     out[..a].fill(0.0);
     out[b..].fill(0.0);
-    let first = (((ox0 + a) * s) as isize + dx) as usize;
     if s == 1 {
         out[a..b].copy_from_slice(&src[first..first + (b - a)]);
     } else {
@@ -270,10 +261,12 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
         for kj in 0..k {
             let kr = k_base + ki * k + kj;
             let dx = kj as isize - p;
-            let mut q = p0;
+            // output columns ox with 0 <= ox*s + dx < w
+            let lo = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(s) };
+            let hi = if (w as isize) > dx { ((w as isize - dx - 1) as usize / s + 1).min(ow) } else { 0 };
+            let (mut q, mut oy, mut ox) = (p0, p0 / ow, p0 % ow);
             while q < p1 {
-                let (oy, ox) = (q / ow, q % ow);
-                let row_end = ((oy + 1) * ow).min(p1);
+                let row_end = (q + ow - ox).min(p1);
                 let iy = (oy * s + ki) as isize - p;
                 let x_row = if iy >= 0 && iy < h as isize { Some(&x[iy as usize * w..(iy as usize + 1) * w]) } else { None };
                 // split the row's pixels at panel boundaries
@@ -282,10 +275,10 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
                     let (panel, off) = ((r - p0) / NR, (r - p0) % NR);
                     let len = (NR - off).min(row_end - r);
                     let at = panel * kdim * NR + kr * NR + off;
-                    fill_segment(&mut cols[at..at + len], x_row, ox + (r - q), s, dx);
+                    fill_segment(&mut cols[at..at + len], x_row, ox + (r - q), s, dx, (lo, hi));
                     r += len;
                 }
-                q = row_end;
+                (q, oy, ox) = (row_end, oy + 1, 0);
             }
         }
     }
@@ -294,7 +287,7 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
 /// One tile through the packed-weight kernel: output pixels `p0..p1` of one picture, all
 /// channels. im2col (also for 1x1: the panels are the kernel's contiguous layout) of every
 /// input part into this thread's scratch, then `KC`-deep passes of the kernel over
-/// (pixel panel x channel block), then the epilogue while the tile is in cache.
+/// (pixel panel x channel block), the epilogue fused into the last pass's stores.
 #[allow(clippy::too_many_arguments)]
 fn conv_tile_packed(parts: &[(&[f32], usize)], pw: &PackedWeights, bias: &[f32], g: &Geom, act: bool, res: Option<&[f32]>, dst: OutPtr, p0: usize, p1: usize) {
     let n = g.oh * g.ow;
@@ -315,20 +308,18 @@ fn conv_tile_packed(parts: &[(&[f32], usize)], pw: &PackedWeights, bias: &[f32],
                 let nv = NR.min(p1 - q);
                 let b = &cols[j * kdim * NR + k0 * NR..j * kdim * NR + (k0 + kc) * NR];
                 for cb in 0..pw.blocks() {
-                    let mv = MR.min(g.co - cb * MR);
+                    let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
+                    // the last pass adds bias, SiLU and residual before storing
+                    let epi = (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
                     // SAFETY: the kernel is available (checked by the caller); the block is
-                    // channels cb*MR.. (mv of them) x pixels q..q+nv of this picture, inside its
-                    // CO x n block and written by no other tile.
-                    unsafe { cpukernel::block(kc, pw.block(cb, k0), b, dst.0.add(cb * MR * n + q), n, k0 > 0, mv, nv) };
+                    // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its
+                    // CO x n block and written by no other tile; bias has CO values and the
+                    // residual is shaped like the output.
+                    unsafe { cpukernel::block(kc, pw.block(cb, k0), b, dst.0.add(c0 * n + q), n, k0 > 0, mv, nv, epi) };
                 }
             }
         }
     });
-    for (c, &b) in bias.iter().enumerate().take(g.co) {
-        // SAFETY: this tile's pixels of channel c, fully written above.
-        let row = unsafe { std::slice::from_raw_parts_mut(dst.0.add(c * n + p0), p1 - p0) };
-        epilogue_row(row, b, act, res.map(|r| &r[c * n + p0..c * n + p1]));
-    }
 }
 
 /// Pixels per tile of the packed path: im2col panels of about 256 KiB (half of L2), a whole
