@@ -301,7 +301,7 @@ mod tests {
         assert!(m.total > 0 && m.free <= m.total);
         let meter = PeakMeter::new(&Device::Cpu);
         meter.reset().unwrap();
-        let v = vec![1u8; 64 << 20];
+        let v = std::hint::black_box(vec![1u8; 64 << 20]);
         let u = meter.usage().unwrap();
         assert!(u.used_high >= 64 << 20, "peak {} after touching 64 MiB", u.used_high);
         drop(v);

@@ -42,6 +42,8 @@ pub struct Conv {
     padding: usize,
     groups: usize,
     act: bool,
+    /// The weight packed for the CPU kernel (f32 CPU convolutions of one group).
+    packed: Option<std::sync::Arc<super::cpukernel::PackedWeights>>,
     /// Set while BatchNorm statistics are being measured (tests, calibration).
     calib: Option<Calib>,
 }
@@ -88,6 +90,7 @@ impl Conv {
                 padding: k / 2,
                 groups,
                 act,
+                packed: None,
                 calib: Some(Calib { name, gamma: gamma.to_device(dev)?, beta: beta.to_device(dev)?, sink }),
             });
         }
@@ -113,7 +116,13 @@ impl Conv {
         let dot = if name.is_empty() { String::new() } else { format!("{name}.") };
         vb.export(&format!("{dot}weight"), &w)?;
         vb.export(&format!("{dot}bias"), &b)?;
-        Ok(Self { weight: w.to_dtype(dt)?.to_device(dev)?, bias: b.to_dtype(dt)?.to_device(dev)?, stride, padding, groups, act, calib: None })
+        let weight = w.to_dtype(dt)?.to_device(dev)?;
+        let packed = if groups == 1 && weight.dtype() == DType::F32 && weight.device().is_cpu() {
+            Some(std::sync::Arc::new(super::cpukernel::PackedWeights::new(&weight)?))
+        } else {
+            None
+        };
+        Ok(Self { weight, bias: b.to_dtype(dt)?.to_device(dev)?, stride, padding, groups, act, packed, calib: None })
     }
 
     /// Folded f32 weight and bias, for merging RepConv branches.
@@ -226,7 +235,7 @@ impl Conv {
         {
             let y = crate::profile::scope(
                 || format!("{} +bias+act (fused)", self.op_name(x0)),
-                || super::cpuconv::conv2d(xs, &self.weight, &self.bias, s, self.padding, self.act, residual),
+                || super::cpuconv::conv2d(xs, &self.weight, self.packed.as_deref(), &self.bias, s, self.padding, self.act, residual),
             )?;
             count_macs(&self.weight, &y);
             return Ok(y);

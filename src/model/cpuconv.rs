@@ -19,6 +19,8 @@ use std::cell::RefCell;
 
 use candle_core::{bail, DType, Device, Result, Storage, Tensor};
 use gemm::{gemm, Parallelism};
+
+use super::cpukernel::{self, silu, Epilogue, PackedWeights, KC, MR, NR};
 use rayon::prelude::*;
 
 /// The per-picture view of a `(B, C, H, W)` f32 CPU tensor whose pictures are each contiguous
@@ -130,19 +132,6 @@ fn im2col_channel(x: &[f32], cols: &mut [f32], g: &Geom, rows: std::ops::Range<u
     }
 }
 
-/// SiLU with a polynomial `exp` (Cephes `expf`, relative error ~1e-7) that vectorises, unlike
-/// the libm call.
-#[inline(always)]
-fn silu(v: f32) -> f32 {
-    let x = (-v).clamp(-87.0, 88.0);
-    let fx = (x * std::f32::consts::LOG2_E + 0.5).floor();
-    let r = x - fx * 0.693_359_4 - fx * -2.121_944_4e-4;
-    let y = ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 5.000_000_1e-1;
-    let y = y * r * r + r + 1.0;
-    let e = y * f32::from_bits(((fx as i32 + 127) as u32) << 23);
-    v / (1.0 + e)
-}
-
 /// `row = act(row + b) (+ res)` over one output channel of one picture.
 #[inline(always)]
 fn epilogue_row_generic(row: &mut [f32], b: f32, act: bool, res: Option<&[f32]>) {
@@ -229,6 +218,118 @@ fn conv_tile(parts: &[(&[f32], usize)], wt: &[f32], bias: &[f32], g: &Geom, act:
     }
 }
 
+/// Writes `out[i] = x_row[(ox0 + i) * s + dx]` for one input row `x_row` (`None`: a padding
+/// row), zero outside `valid` (the output columns whose input column is inside the row).
+fn fill_segment(out: &mut [f32], x_row: Option<&[f32]>, ox0: usize, s: usize, dx: isize, valid: (usize, usize)) {
+    let Some(src) = x_row else {
+        out.fill(0.0);
+        return;
+    };
+    let len = out.len();
+    let (a, b) = (valid.0.clamp(ox0, ox0 + len) - ox0, valid.1.clamp(ox0, ox0 + len) - ox0);
+    if a >= b {
+        out.fill(0.0);
+        return;
+    }
+    let first = (((ox0 + a) * s) as isize + dx) as usize;
+    if s == 1 && a == 0 && b == NR {
+        // the common case: a whole panel row inside the picture, copied with a fixed size
+        if let (Ok(o), Some(Ok(v))) = (<&mut [f32; NR]>::try_from(&mut *out), src.get(first..first + NR).map(<&[f32; NR]>::try_from)) {
+            *o = *v;
+            return;
+        }
+    }
+    out[..a].fill(0.0);
+    out[b..].fill(0.0);
+    if s == 1 {
+        out[a..b].copy_from_slice(&src[first..first + (b - a)]);
+    } else {
+        for (o, v) in out[a..b].iter_mut().zip(src[first..].iter().step_by(s)) {
+            *o = *v;
+        }
+    }
+}
+
+/// im2col of output pixels `p0..p1` (flattened `oy * OW + ox`) of one picture's channel `x`
+/// (`(H, W)`) into the kernel's panels `cols` (`NR` pixels per panel, `kdim x NR` values each),
+/// at reduction rows `k_base..k_base + k*k`. Pixels past `p1` in the last panel are left as they
+/// are (their results are never stored).
+fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usize, p0: usize, p1: usize) {
+    let (h, w, k, s, ow) = (g.h, g.w, g.k, g.s, g.ow);
+    let p = g.p as isize;
+    for ki in 0..k {
+        for kj in 0..k {
+            let kr = k_base + ki * k + kj;
+            let dx = kj as isize - p;
+            // output columns ox with 0 <= ox*s + dx < w
+            let lo = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(s) };
+            let hi = if (w as isize) > dx { ((w as isize - dx - 1) as usize / s + 1).min(ow) } else { 0 };
+            let (mut q, mut oy, mut ox) = (p0, p0 / ow, p0 % ow);
+            while q < p1 {
+                let row_end = (q + ow - ox).min(p1);
+                let iy = (oy * s + ki) as isize - p;
+                let x_row = if iy >= 0 && iy < h as isize { Some(&x[iy as usize * w..(iy as usize + 1) * w]) } else { None };
+                // split the row's pixels at panel boundaries
+                let mut r = q;
+                while r < row_end {
+                    let (panel, off) = ((r - p0) / NR, (r - p0) % NR);
+                    let len = (NR - off).min(row_end - r);
+                    let at = panel * kdim * NR + kr * NR + off;
+                    fill_segment(&mut cols[at..at + len], x_row, ox + (r - q), s, dx, (lo, hi));
+                    r += len;
+                }
+                (q, oy, ox) = (row_end, oy + 1, 0);
+            }
+        }
+    }
+}
+
+/// One tile through the packed-weight kernel: output pixels `p0..p1` of one picture, all
+/// channels. im2col (also for 1x1: the panels are the kernel's contiguous layout) of every
+/// input part into this thread's scratch, then `KC`-deep passes of the kernel over
+/// (pixel panel x channel block), the epilogue fused into the last pass's stores.
+#[allow(clippy::too_many_arguments)]
+fn conv_tile_packed(parts: &[(&[f32], usize)], pw: &PackedWeights, bias: &[f32], g: &Geom, act: bool, res: Option<&[f32]>, dst: OutPtr, p0: usize, p1: usize) {
+    let n = g.oh * g.ow;
+    let (kdim, kk, plane) = (pw.kdim, g.k * g.k, g.h * g.w);
+    let panels = (p1 - p0).div_ceil(NR);
+    with_scratch(panels * kdim * NR, |cols| {
+        let mut k_base = 0;
+        for (x, c) in parts {
+            for ch in 0..*c {
+                im2col_panels(&x[ch * plane..(ch + 1) * plane], cols, g, k_base + ch * kk, kdim, p0, p1);
+            }
+            k_base += c * kk;
+        }
+        for k0 in (0..kdim).step_by(KC) {
+            let kc = KC.min(kdim - k0);
+            for j in 0..panels {
+                let q = p0 + j * NR;
+                let nv = NR.min(p1 - q);
+                let b = &cols[j * kdim * NR + k0 * NR..j * kdim * NR + (k0 + kc) * NR];
+                for cb in 0..pw.blocks() {
+                    let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
+                    // the last pass adds bias, SiLU and residual before storing
+                    let epi = (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
+                    // SAFETY: the kernel is available (checked by the caller); the block is
+                    // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its
+                    // CO x n block and written by no other tile; bias has CO values and the
+                    // residual is shaped like the output.
+                    unsafe { cpukernel::block(kc, pw.block(cb, k0), b, dst.0.add(c0 * n + q), n, k0 > 0, mv, nv, epi) };
+                }
+            }
+        }
+    });
+}
+
+/// Pixels per tile of the packed path: im2col panels of about 256 KiB (half of L2), a whole
+/// number of panels, and at least two tiles per thread over the batch.
+fn tile_pixels(kdim: usize, n: usize, b: usize, threads: usize) -> usize {
+    let mut per_pic = n.div_ceil(((1usize << 16) / kdim).clamp(NR, 4096));
+    per_pic = per_pic.max((2 * threads).div_ceil(b));
+    (n.div_ceil(per_pic)).div_ceil(NR) * NR
+}
+
 /// Output rows per tile: im2col columns of about 512 KiB (L2), but at least two tiles per thread.
 fn tile_rows(g: &Geom, b: usize, threads: usize) -> usize {
     let kdim = (g.ci * g.k * g.k).max(g.co);
@@ -244,7 +345,10 @@ fn tile_rows(g: &Geom, b: usize, threads: usize) -> usize {
 /// `act(conv2d(cat(inputs, 1), weight) + bias) (+ residual)` for f32 CPU tensors, groups 1,
 /// NCHW. Several inputs (a channel concatenation) only for 1x1 stride-1 unpadded convolutions.
 /// `weight` is `(CO, CI, k, k)`, `bias` `(CO)`, `residual` (if any) shaped like the output.
-pub fn conv2d(inputs: &[&Tensor], weight: &Tensor, bias: &Tensor, stride: usize, padding: usize, act: bool, residual: Option<&Tensor>) -> Result<Tensor> {
+/// With `packed` (the same weight, packed at load time) and an AVX2 CPU, the convolution runs on
+/// the packed-weight kernel ([`cpukernel`]), else on the `gemm` crate.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d(inputs: &[&Tensor], weight: &Tensor, packed: Option<&PackedWeights>, bias: &Tensor, stride: usize, padding: usize, act: bool, residual: Option<&Tensor>) -> Result<Tensor> {
     let (co, ci, k, k2) = weight.dims4()?;
     let Some(first) = inputs.first() else { bail!("cpuconv: no input") };
     let (b, _, h, w) = first.dims4()?;
@@ -278,9 +382,7 @@ pub fn conv2d(inputs: &[&Tensor], weight: &Tensor, bias: &Tensor, stride: usize,
         .zip(&chans)
         .map(|((s, l), &c)| Ok(Images { data: f32_slice(s)?, start: l.start_offset(), batch_stride: l.stride()[0], len: c * h * w }))
         .collect::<Result<Vec<_>>>()?;
-    let (wt, bs) = (weight.contiguous()?, bias.contiguous()?);
-    let (wg, wl) = wt.storage_and_layout();
-    let wv = &f32_slice(&wg)?[wl.start_offset()..wl.start_offset() + co * ci * k * k];
+    let bs = bias.contiguous()?;
     let (bg, bl) = bs.storage_and_layout();
     let bv = &f32_slice(&bg)?[bl.start_offset()..bl.start_offset() + co];
     let res = residual.map(image_major).transpose()?;
@@ -290,27 +392,52 @@ pub fn conv2d(inputs: &[&Tensor], weight: &Tensor, bias: &Tensor, stride: usize,
         None => None,
     };
 
+    if let Some(pw) = packed {
+        if (pw.co, pw.ci, pw.k) != (co, ci, k) {
+            bail!("cpuconv: packed weight {pw:?} is not the weight {:?}", weight.dims());
+        }
+    }
     let out_len = co * g.oh * g.ow;
     let threads = rayon::current_num_threads();
-    let rows = tile_rows(&g, b, threads);
-    let tiles = g.oh.div_ceil(rows);
     let mut out: Vec<f32> = Vec::with_capacity(b * out_len);
     let base = OutPtr(out.as_mut_ptr());
-    let run = |j: usize| {
-        let (i, t) = (j / tiles, j % tiles);
-        let parts: Vec<(&[f32], usize)> = views.iter().zip(&chans).map(|(v, &c)| (v.image(i), c)).collect();
-        // SAFETY: picture i's block lies inside the allocation of b * out_len elements.
-        let dst = unsafe { base.add(i * out_len) };
-        conv_tile(&parts, wv, bv, &g, act, res_view.as_ref().map(|r| r.image(i)), dst, t * rows..((t + 1) * rows).min(g.oh));
+    let parts_of = |i: usize| -> Vec<(&[f32], usize)> { views.iter().zip(&chans).map(|(v, &c)| (v.image(i), c)).collect() };
+    let run_tiles = |count: usize, run: &(dyn Fn(usize) + Sync)| {
+        if threads > 1 && count > 1 {
+            (0..count).into_par_iter().for_each(run);
+        } else {
+            (0..count).for_each(run);
+        }
     };
-    if threads > 1 && b * tiles > 1 {
-        (0..b * tiles).into_par_iter().for_each(run);
-    } else {
-        (0..b * tiles).for_each(run);
+    match packed {
+        Some(pw) if cpukernel::available() => {
+            let n = g.oh * g.ow;
+            let nb = tile_pixels(pw.kdim, n, b, threads);
+            let tiles = n.div_ceil(nb);
+            run_tiles(b * tiles, &|j: usize| {
+                let (i, t) = (j / tiles, j % tiles);
+                // SAFETY: picture i's block lies inside the allocation of b * out_len elements.
+                let dst = unsafe { base.add(i * out_len) };
+                conv_tile_packed(&parts_of(i), pw, bv, &g, act, res_view.as_ref().map(|r| r.image(i)), dst, t * nb, ((t + 1) * nb).min(n));
+            });
+        }
+        _ => {
+            let wt = weight.contiguous()?;
+            let (wgd, wl) = wt.storage_and_layout();
+            let wv = &f32_slice(&wgd)?[wl.start_offset()..wl.start_offset() + co * ci * k * k];
+            let rows = tile_rows(&g, b, threads);
+            let tiles = g.oh.div_ceil(rows);
+            run_tiles(b * tiles, &|j: usize| {
+                let (i, t) = (j / tiles, j % tiles);
+                // SAFETY: picture i's block lies inside the allocation of b * out_len elements.
+                let dst = unsafe { base.add(i * out_len) };
+                conv_tile(&parts_of(i), wv, bv, &g, act, res_view.as_ref().map(|r| r.image(i)), dst, t * rows..((t + 1) * rows).min(g.oh));
+            });
+        }
     }
     // SAFETY: the tiles cover every (picture, channel, pixel) and each wrote all of its elements.
     unsafe { out.set_len(b * out_len) };
-    drop((guards, res_guard, wg, bg));
+    drop((guards, res_guard, bg));
     Tensor::from_vec(out, (b, co, g.oh, g.ow), &Device::Cpu)
 }
 
@@ -349,17 +476,24 @@ mod tests {
             (3, 16, 8, 64, 40, 3, 1),
             (1, 8, 8, 70, 30, 3, 2),
             (2, 32, 16, 96, 80, 1, 1),
+            // reduction deeper than one KC pass, channels not a multiple of MR, odd widths
+            (1, 40, 6, 11, 13, 3, 1),
+            (2, 300, 5, 7, 9, 1, 1),
+            (1, 3, 1, 30, 29, 3, 2),
         ] {
             for act in [false, true] {
                 let p = k / 2;
                 let x = Tensor::randn(0f32, 1.0, (b, ci, h, w), &dev).unwrap();
                 let wt = Tensor::randn(0f32, 0.5, (co, ci, k, k), &dev).unwrap();
                 let bias = Tensor::randn(0f32, 1.0, co, &dev).unwrap();
-                let got = conv2d(&[&x], &wt, &bias, s, p, act, None).unwrap();
                 let want = reference(&x, &wt, &bias, s, p, act);
-                assert_eq!(got.dims(), want.dims());
-                let e = rel_err(&got, &want);
-                assert!(e < 1e-5, "b{b} ci{ci} co{co} {h}x{w} k{k} s{s} act{act}: rel err {e}");
+                let pw = PackedWeights::new(&wt).unwrap();
+                for packed in [None, Some(&pw)] {
+                    let got = conv2d(&[&x], &wt, packed, &bias, s, p, act, None).unwrap();
+                    assert_eq!(got.dims(), want.dims());
+                    let e = rel_err(&got, &want);
+                    assert!(e < 1e-5, "b{b} ci{ci} co{co} {h}x{w} k{k} s{s} act{act} packed{}: rel err {e}", packed.is_some());
+                }
             }
         }
     }
@@ -377,16 +511,22 @@ mod tests {
             let cat = Tensor::cat(&[&xa, &xb], 1).unwrap();
             let w1 = Tensor::randn(0f32, 0.5, (6, 8, 1, 1), &dev).unwrap();
             let bias = Tensor::randn(0f32, 1.0, 6, &dev).unwrap();
-            let got = conv2d(&[&xa, &xb], &w1, &bias, 1, 0, true, None).unwrap();
             let want = reference(&cat, &w1, &bias, 1, 0, true);
-            assert!(rel_err(&got, &want) < 1e-5);
+            let pw1 = PackedWeights::new(&w1).unwrap();
+            for packed in [None, Some(&pw1)] {
+                let got = conv2d(&[&xa, &xb], &w1, packed, &bias, 1, 0, true, None).unwrap();
+                assert!(rel_err(&got, &want) < 1e-5);
+            }
 
             let w3 = Tensor::randn(0f32, 0.5, (5, 5, 3, 3), &dev).unwrap();
             let bias = Tensor::randn(0f32, 1.0, 5, &dev).unwrap();
             let res = big.narrow(1, 0, 5).unwrap();
-            let got = conv2d(&[&xa], &w3, &bias, 1, 1, true, Some(&res)).unwrap();
             let want = (reference(&xa, &w3, &bias, 1, 1, true) + &res).unwrap();
-            assert!(rel_err(&got, &want) < 1e-5);
+            let pw3 = PackedWeights::new(&w3).unwrap();
+            for packed in [None, Some(&pw3)] {
+                let got = conv2d(&[&xa], &w3, packed, &bias, 1, 1, true, Some(&res)).unwrap();
+                assert!(rel_err(&got, &want) < 1e-5);
+            }
         }
     }
 

@@ -5,6 +5,7 @@
 pub mod arch;
 pub mod blocks;
 mod cpuconv;
+mod cpukernel;
 #[cfg(feature = "cudnn")]
 pub(crate) mod cudnn_conv;
 #[cfg(feature = "cuda")]
