@@ -93,7 +93,7 @@ pub fn silu(v: f32) -> f32 {
     let x = (-v).clamp(-87.0, 88.0);
     let fx = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = x - fx * 0.693_359_4 - fx * -2.121_944_4e-4;
-    let y = ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 5.000_000_1e-1;
+    let y = ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 0.5;
     let y = y * r * r + r + 1.0;
     let e = y * f32::from_bits(((fx as i32 + 127) as u32) << 23);
     v / (1.0 + e)
@@ -113,7 +113,7 @@ unsafe fn silu8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     y = _mm256_fmadd_ps(y, r, s(8.333_452e-3));
     y = _mm256_fmadd_ps(y, r, s(4.166_579_6e-2));
     y = _mm256_fmadd_ps(y, r, s(1.666_666_5e-1));
-    y = _mm256_fmadd_ps(y, r, s(5.000_000_1e-1));
+    y = _mm256_fmadd_ps(y, r, s(0.5));
     y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), s(1.0));
     let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23));
     _mm256_div_ps(v, _mm256_add_ps(s(1.0), _mm256_mul_ps(y, pow2)))
