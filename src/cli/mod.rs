@@ -43,6 +43,13 @@ pub struct Cli {
     cmd: Cmd,
 }
 
+/// Whether SIGPIPE goes back to its default (end quietly when stdout's reader goes away): for the
+/// short commands that print, not for `run` and `demo`, which write to MQTT sockets and must
+/// survive a broker that goes away mid-write.
+pub fn restores_sigpipe(cli: &Cli) -> bool {
+    !matches!(cli.cmd, Cmd::Run(_) | Cmd::Demo(_))
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// The whole product in one command: embedded MQTT broker, sample pictures, the agent with
