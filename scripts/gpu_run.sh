@@ -8,12 +8,15 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab wsab plan sweep ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab wsab pool plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
+# Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
+# (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
 # ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64)
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
+#      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -30,13 +33,15 @@ SUM="$OUT/summary.md"; : > "$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-BIN=/tmp/yolo-edge
+BIN="$W/yolo-edge"
 xz -dc "$DIST/${BIN_XZ:-yolo-edge-cuda-sm90-cudnn.xz}" > "$BIN" && chmod +x "$BIN"
 SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
-mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHL"/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site
+if has parity || has seeded || has torch || has ballast; then
+  mkdir -p "$W/site" && python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHL"/*.whl >/dev/null 2>&1
+fi
+export PYTHONPATH="$W/site"
 export YOLO_CONFIG_DIR=/tmp/ultra-cfg
 
 if has info; then
@@ -94,10 +99,29 @@ if has ab; then
 fi
 
 if has wsab; then
-  say "## A/B: largest cuDNN workspace offered to the algorithm search (YOLO_EDGE_CUDNN_WORKSPACE_MIB)"
-  for ws in ${WS_SIZES:-64 256 1024}; do
-    YOLO_EDGE_CUDNN_WORKSPACE_MIB=$ws timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${WS_BATCHES:-32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/ws-$ws" > "$W/ws-$ws.md" 2> "$W/ws-$ws.log"
-    echo "### workspace <= $ws MiB" >> "$SUM"; cat "$W/ws-$ws.md" >> "$SUM"
+  say "## A/B: workspace offered to cuDNN's algorithm search = max(YOLO_EDGE_CUDNN_WORKSPACE_MIB, YOLO_EDGE_CUDNN_WORKSPACE_SCALE x the convolution's input + output bytes)"
+  for c in ${WS_CASES:-256:0 1024:0 256:1}; do
+    mib=${c%%:*}; sc=${c#*:}
+    YOLO_EDGE_CUDNN_WORKSPACE_MIB=$mib YOLO_EDGE_CUDNN_WORKSPACE_SCALE=$sc timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${WS_BATCHES:-32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/ws-$mib-$sc" > "$W/ws-$mib-$sc.md" 2> "$W/ws-$mib-$sc.log"
+    echo "### floor $mib MiB, scale $sc" >> "$SUM"; cat "$W/ws-$mib-$sc.md" >> "$SUM"
+  done
+fi
+
+if has pool; then
+  say "## A/B: pool memory kept between batches (default) vs CUDA's release-at-every-synchronise (YOLO_EDGE_POOL_RELEASE=sync), and the pinned upload vs candle's pageable one (YOLO_EDGE_UPLOAD=pageable)"
+  for m in before:sync:pageable hold:hold:pageable now:hold:pinned; do
+    IFS=: read -r name rel up <<<"$m"
+    YOLO_EDGE_POOL_RELEASE=$rel YOLO_EDGE_UPLOAD=$up timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${POOL_BATCHES:-1,32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/pool-$name" > "$W/pool-$name.md" 2> "$W/pool-$name.log"
+    echo "### $name: model only (YOLO_EDGE_POOL_RELEASE=$rel YOLO_EDGE_UPLOAD=$up)" >> "$SUM"; cat "$W/pool-$name.md" >> "$SUM"
+    for c in ${POOL_SOAKS:-t:4GiB c:4GiB}; do
+      v=${c%%:*}; lim=${c#*:}
+      YOLO_EDGE_POOL_RELEASE=$rel YOLO_EDGE_UPLOAD=$up timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json > "$W/pool-$name-soak-$v.json" 2> "$W/pool-$name-soak-$v.log"
+      python3 - "$W/pool-$name-soak-$v.json" "$name" "$v" "$lim" <<'PY' 2>&1 | tee -a "$SUM"
+import json, sys
+d = json.load(open(sys.argv[1])); k = d["soak"]
+print(f"{sys.argv[2]}: soak (agent path: u8 pictures in, detections out) {sys.argv[3]} at {sys.argv[4]}: batch {k['batch']}, {k['passes']} batches in {k['seconds']:.1f} s = {k['batch']*k['passes']/k['seconds']:.0f} img/s, {k['oom']} OOM, peak {k['peak']/2**20:.0f} MiB; planning {d['plan_ms']:.0f} ms")
+PY
+    done
   done
 fi
 
@@ -141,7 +165,7 @@ fi
 
 if has sweep; then
   say "## planner sweep + soak (f16, 640, fraction 0.8, max_batch 256): predicted vs measured at every batch up to the chosen one, the largest batch that fits, OOM count at the chosen batch"
-  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches 3..chosen | worst abs. error MiB <= chosen | soak passes | soak OOM | soak peak MiB | soak s |"
+  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s |"
   say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do
     timeout "${SWEEP_TIMEOUT:-300}" "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --soak "${SOAK:-1000}" --soak-seconds "${SOAK_SECONDS:-20}" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
@@ -150,13 +174,31 @@ import json, sys
 try:
     d = json.load(open(sys.argv[1])); p = d["plan"]; s = d["sweep"]; k = d["soak"]; M = 2**20
     pts = [q for q in s["points"] if q["batch"] <= p["batch"] and q.get("measured") is not None]
-    rel = max([abs(q["error"]) for q in pts if q["batch"] >= 3 and q.get("error") is not None] or [0])
+    rel = max([abs(q["error"]) for q in pts if q["measured"] >= 320 * M and q.get("error") is not None] or [0])
     ab = max([abs(q["predicted"] - q["measured"]) / M for q in pts] or [0])
     print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} |")
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY
   done; done
+fi
+
+if has soak; then
+  say "## long soaks at the planner's choice (f16, 640, fraction 0.8, max_batch 256, ballast: only the limit free)"
+  say "| variant | limit | budget MiB | chosen | predicted MiB | verified MiB | batches | OOM | soak peak MiB | within budget | s | img/s |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
+  for c in ${SOAK_CASES:-t:4GiB}; do
+    v=${c%%:*}; lim=${c#*:}
+    timeout $(( ${LONG_SOAK_SECONDS:-590} + 60 )) "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak "${SOAK:-1000}" --soak-seconds "${LONG_SOAK_SECONDS:-590}" --json > "$W/soak-$v-$lim.json" 2> "$W/soak-$v-$lim.log"
+    python3 - "$W/soak-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1])); p = d["plan"]; k = d["soak"]; M = 2**20
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {p['predicted_peak']/M:.0f} | {p['verified_peak']/M:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f} | {k['within_budget']} | {k['seconds']:.0f} | {k['batch']*k['passes']/k['seconds']:.0f} |")
+except Exception as e:
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
+PY
+  done
 fi
 
 if has ballast; then

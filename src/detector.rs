@@ -9,11 +9,13 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::{BuildOptions, ModelError, ModelInfo, YoloV9};
 use crate::postprocess::{self, Candidate, Detection, Thresholds};
 use crate::preprocess::Letterboxed;
+use crate::upload::Uploader;
 use crate::weights::Checkpoint;
 
 pub struct Detector {
     model: YoloV9,
     imgsz: usize,
+    uploader: Uploader,
 }
 
 impl Detector {
@@ -25,11 +27,11 @@ impl Detector {
         if imgsz == 0 || imgsz % 32 != 0 {
             return Err(ModelError::Architecture(format!("imgsz {imgsz} is not a positive multiple of 32")));
         }
-        Ok(Self { model, imgsz })
+        Ok(Self { model, imgsz, uploader: Uploader::default() })
     }
 
     pub fn from_model(model: YoloV9, imgsz: usize) -> Self {
-        Self { model, imgsz }
+        Self { model, imgsz, uploader: Uploader::default() }
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -51,14 +53,14 @@ impl Detector {
     /// Stacks letterboxed pictures into the normalised network input `(B, 3, S, S)` on the device.
     pub fn input(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
         let s = self.imgsz;
-        let mut bytes = Vec::with_capacity(batch.len() * s * s * 3);
+        let mut parts = Vec::with_capacity(batch.len());
         for lb in batch {
-            if lb.geometry.size as usize != s {
-                candle_core::bail!("picture letterboxed to {}, model runs at {s}", lb.geometry.size);
+            if lb.geometry.size as usize != s || lb.pixels.len() != s * s * 3 {
+                candle_core::bail!("picture letterboxed to {} ({} bytes), model runs at {s}", lb.geometry.size, lb.pixels.len());
             }
-            bytes.extend_from_slice(&lb.pixels);
+            parts.push(lb.pixels.as_slice());
         }
-        let x = Tensor::from_vec(bytes, (batch.len(), s, s, 3), &Device::Cpu)?.to_device(self.device())?;
+        let x = self.uploader.upload(&parts, (batch.len(), s, s, 3), self.device())?;
         // u8 -> dtype and /255 on the device, NHWC -> NCHW
         x.to_dtype(self.dtype())?.permute((0, 3, 1, 2))?.contiguous()? / 255.0
     }

@@ -33,7 +33,10 @@ fn cuda(index: usize) -> Result<Device, DeviceError> {
     // every entry point (detect, eval, run, bench, plan) gets the persistent JIT cache; this must
     // happen before the driver initialises
     crate::startup::configure_compute_cache();
-    Device::new_cuda(index).map_err(|e| DeviceError::Cuda { index, reason: e.to_string() })
+    let d = Device::new_cuda(index).map_err(|e| DeviceError::Cuda { index, reason: e.to_string() })?;
+    // the pool keeps its memory between batches instead of re-mapping it at every synchronise
+    crate::devmem::PeakMeter::new(&d).hold_reserved().map_err(|e| DeviceError::Cuda { index, reason: e.to_string() })?;
+    Ok(d)
 }
 
 #[cfg(not(feature = "cuda"))]

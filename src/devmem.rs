@@ -179,6 +179,20 @@ impl PeakMeter {
         }
     }
 
+    /// Keeps pool memory reserved across synchronisations (CUDA; see `cuda::hold_reserved`);
+    /// `YOLO_EDGE_POOL_RELEASE=sync` keeps CUDA's default (release at every synchronise) for A/B
+    /// runs. A no-op on the CPU.
+    pub fn hold_reserved(&self) -> Result<(), DevMemError> {
+        if std::env::var("YOLO_EDGE_POOL_RELEASE").is_ok_and(|v| v == "sync") {
+            return Ok(());
+        }
+        match &self.device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => cuda::hold_reserved(d),
+            _ => Ok(()),
+        }
+    }
+
     /// Returns cached but unused pool memory to the device (CUDA); a no-op on the CPU.
     pub fn trim(&self) -> Result<(), DevMemError> {
         match &self.device {
@@ -263,6 +277,20 @@ mod cuda {
             check("cuMemPoolSetAttribute", unsafe { sys::cuMemPoolSetAttribute(p, a, &mut zero as *mut u64 as *mut _) })?;
         }
         Ok(())
+    }
+
+    /// Makes the device's pool keep what it reserved across synchronisations (release threshold
+    /// = all), like PyTorch's caching allocator. CUDA's default threshold is 0: every stream
+    /// synchronise hands all unused pool memory back to the driver, and the next batch maps its
+    /// activations (gigabytes at large batches) afresh. Memory goes back only when the agent
+    /// trims ([`trim`]: when idle, after an out-of-memory error, between the planner's probes).
+    pub fn hold_reserved(d: &CudaDevice) -> Result<(), DevMemError> {
+        let p = pool(d)?;
+        let mut all: u64 = u64::MAX;
+        // SAFETY: the release threshold is a cuuint64_t read from a local.
+        check("cuMemPoolSetAttribute", unsafe {
+            sys::cuMemPoolSetAttribute(p, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut all as *mut u64 as *mut _)
+        })
     }
 
     pub fn trim(d: &CudaDevice) -> Result<(), DevMemError> {

@@ -7,6 +7,7 @@ pub mod preprocess;
 pub mod weights;
 pub mod annotate;
 pub mod detector;
+pub mod upload;
 pub mod device;
 pub mod agent;
 pub mod config;
