@@ -99,11 +99,11 @@ if has ab; then
 fi
 
 if has wsab; then
-  say "## A/B: workspace offered to cuDNN's algorithm search = max(YOLO_EDGE_CUDNN_WORKSPACE_MIB, YOLO_EDGE_CUDNN_WORKSPACE_SCALE x the convolution's input + output bytes)"
-  for c in ${WS_CASES:-256:0 1024:0 256:1}; do
-    mib=${c%%:*}; sc=${c#*:}
-    YOLO_EDGE_CUDNN_WORKSPACE_MIB=$mib YOLO_EDGE_CUDNN_WORKSPACE_SCALE=$sc timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${WS_BATCHES:-32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/ws-$mib-$sc" > "$W/ws-$mib-$sc.md" 2> "$W/ws-$mib-$sc.log"
-    echo "### floor $mib MiB, scale $sc" >> "$SUM"; cat "$W/ws-$mib-$sc.md" >> "$SUM"
+  say "## A/B: workspace offered to cuDNN's algorithm search = max(YOLO_EDGE_CUDNN_WORKSPACE_MIB, YOLO_EDGE_CUDNN_WORKSPACE_SCALE x the convolution's input + output bytes), and the FP16 algorithms admitted (YOLO_EDGE_CUDNN_ALGOS)"
+  for c in ${WS_CASES:-256:0:gemm 256:1:gemm 256:6:gemm 256:1:all}; do
+    IFS=: read -r mib sc al <<<"$c"
+    YOLO_EDGE_CUDNN_WORKSPACE_MIB=$mib YOLO_EDGE_CUDNN_WORKSPACE_SCALE=$sc YOLO_EDGE_CUDNN_ALGOS=$al timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${WS_BATCHES:-32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/ws-$mib-$sc-$al" > "$W/ws-$mib-$sc-$al.md" 2> "$W/ws-$mib-$sc-$al.log"
+    echo "### floor $mib MiB, scale $sc, algorithms $al" >> "$SUM"; cat "$W/ws-$mib-$sc-$al.md" >> "$SUM"
   done
 fi
 

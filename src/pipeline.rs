@@ -381,7 +381,9 @@ impl Worker {
                 }
                 let half = n / 2;
                 let old = self.current;
-                self.set_batch(self.current.min(half).max(1));
+                // the larger half (ceil), so that doubling back up reaches an odd startup batch
+                // (75 -> 38 -> 76, capped at 75) instead of stopping one short (75 -> 37 -> 74)
+                self.set_batch(self.current.min(n - half).max(1));
                 self.events.emit("oom_fallback", serde_json::json!({
                     "batch": n, "retry_as": [n - half, half], "batch_before": old, "batch_after": self.current, "error": err,
                 }));

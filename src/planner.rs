@@ -138,8 +138,8 @@ pub struct MemoryFit {
 
 impl MemoryFit {
     /// Fits the points. One point: all of it is per-image (an over-estimate for larger batches).
-    /// The per-image cost is kept positive and at least the steepest slope between the two
-    /// largest points, so that extrapolation follows the growth where it is steepest; the line
+    /// The per-image cost is the least-squares slope, at least the secant from the smallest to
+    /// the largest measured batch (and positive); the line
     /// is then raised to lie on or above every measured point (an upper envelope): a peak that
     /// read low because the pool happened to place the large activations well (fragmentation
     /// varies between batch sizes by up to a couple of the largest activations) must not pull
@@ -165,11 +165,13 @@ impl MemoryFit {
                 let my = pts.iter().map(|p| p.1 as f64).sum::<f64>() / nf;
                 let sxy: f64 = pts.iter().map(|p| (p.0 as f64 - mx) * (p.1 as f64 - my)).sum();
                 let sxx: f64 = pts.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
-                let mut slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
-                // the growth between the two largest batches is what extrapolation follows
-                let (a, b) = (pts[n - 2], pts[n - 1]);
-                let last = (b.1 as f64 - a.1 as f64) / (b.0 - a.0) as f64;
-                slope = slope.max(last).max(1.0);
+                let ls = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+                // at least the secant from the smallest to the largest batch: growth that steepens
+                // with the batch is extrapolated at its overall rate (the slope between two close
+                // batches is fragmentation noise: 131 -> 136 read +736 MiB on the H200)
+                let (a, b) = (pts[0], pts[n - 1]);
+                let secant = (b.1 as f64 - a.1 as f64) / (b.0 - a.0) as f64;
+                let slope = ls.max(secant).max(1.0);
                 // the lowest line of that slope with no measured point above it
                 let fixed = pts.iter().map(|p| p.1 as f64 - slope * p.0 as f64).fold(f64::NEG_INFINITY, f64::max);
                 Some(Self { fixed, per_image: slope, points: pts })
@@ -558,7 +560,7 @@ mod tests {
         assert_eq!(f.choose(100 * M, 256, None), None);
         // the line lies on or above every measured point, also between them
         let g = MemoryFit::fit(&[(1, 100 * M), (2, 120 * M), (4, 200 * M)]).unwrap();
-        assert_eq!(g.predict(3), 180 * M);
+        assert!(g.predict(3) >= 160 * M && g.predict(3) <= 180 * M, "{}", g.predict(3) / M);
         for (b, p) in [(1, 100 * M), (2, 120 * M), (4, 200 * M)] {
             assert!(g.predict(b) >= p);
         }
@@ -566,10 +568,14 @@ mod tests {
 
     #[test]
     fn fit_never_underpredicts_the_largest_point() {
-        // convex growth: the last slope is steeper than the least-squares one
+        // convex growth: the line still covers the largest point, at least at the secant's rate
         let f = MemoryFit::fit(&[(1, 100 * M), (2, 120 * M), (4, 200 * M)]).unwrap();
         assert!(f.predict(4) >= 200 * M);
-        assert!(f.per_image >= 40.0 * M as f64);
+        assert!(f.per_image >= 100.0 / 3.0 * M as f64);
+        // two close batches that read far apart (fragmentation) do not set the slope
+        let k = MemoryFit::fit(&[(1, 32 * M), (4, 160 * M), (102, 5056 * M), (131, 5984 * M), (136, 6720 * M)]).unwrap();
+        assert!(k.per_image < 60.0 * M as f64, "{} MiB per image", k.per_image / M as f64);
+        assert!(k.predict(136) >= 6720 * M);
         // a low reading (lucky placement) does not pull the line under a high one; a batch read
         // twice keeps its higher reading
         let h = MemoryFit::fit(&[(1, 40 * M), (62, 3072 * M), (66, 2880 * M), (74, 3232 * M), (66, 2900 * M)]).unwrap();
