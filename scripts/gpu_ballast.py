@@ -69,7 +69,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--images", nargs="+", required=True)
     ap.add_argument("--first", type=int, default=1500)
-    ap.add_argument("--second", type=int, default=3500)
+    ap.add_argument("--second", type=int, default=8000)
     ap.add_argument("--work", required=True)
     ap.add_argument("--free-gib", type=float, default=2.0)
     ap.add_argument("--squeeze-gib", type=float, default=0.6)

@@ -26,17 +26,20 @@ use cudarc::cudnn::{result, sys};
 use crate::memory::OOM_MARKER;
 
 /// Largest workspace offered to the algorithm search for a convolution whose input and output
-/// hold `io_bytes`: `YOLO_EDGE_CUDNN_WORKSPACE_SCALE` (default 1) x `io_bytes`, at least
+/// hold `io_bytes`: `YOLO_EDGE_CUDNN_WORKSPACE_SCALE` (default 6) x `io_bytes`, at least
 /// `YOLO_EDGE_CUDNN_WORKSPACE_MIB` (default 256). The chosen algorithm's own need, at most this,
 /// is what later calls allocate (the planner measures it). With NCHW FP16 activations the fast
 /// tensor-core algorithms stage the tensors in NHWC inside the workspace, so their need grows
-/// with the batch: a fixed cap made large batches pick slow algorithms (H200, session 3: c at
-/// batch 128 ran at 290 img/s with 256 MiB and 500 img/s with 1024 MiB).
+/// with the batch, and explicit-GEMM (im2col) algorithms need about nine times the input: a
+/// fixed cap made large batches pick slow algorithms. H200, session 4, FP16 img/s at batch
+/// 32/128/256: scale 0 (256 MiB flat) c 549/299/245, e 241/147/121; scale 1: the same;
+/// scale 6: c 583/579/576, e 253/253/251, at a memory cost for yolov9t (37.5 vs 13.3 MiB per
+/// picture at batch 256), none for yolov9e.
 fn find_workspace(io_bytes: usize) -> usize {
     static CFG: OnceLock<(usize, f64)> = OnceLock::new();
     let (floor, scale) = *CFG.get_or_init(|| {
         let floor = std::env::var("YOLO_EDGE_CUDNN_WORKSPACE_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(256usize) << 20;
-        let scale = std::env::var("YOLO_EDGE_CUDNN_WORKSPACE_SCALE").ok().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0).unwrap_or(1.0);
+        let scale = std::env::var("YOLO_EDGE_CUDNN_WORKSPACE_SCALE").ok().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0).unwrap_or(6.0);
         (floor, scale)
     });
     floor.max(((io_bytes as f64 * scale) as usize).min(8 << 30))
