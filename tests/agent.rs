@@ -505,6 +505,37 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
 
+/// An odd startup batch: the working batch after a fallback is the larger half, so that doubling
+/// climbs back to the startup batch itself (5 -> 3 -> 2, then 2 -> 4 -> 5), not one short of it.
+#[test]
+fn oom_fallback_from_an_odd_batch_recovers_to_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.batch = 5;
+    conf.max_wait_ms = 500;
+    conf.quiet_s = 0.3;
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[("YOLO_EDGE_INJECT_OOM", "batch>=3;until=60")]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let names = drop_images(&conf.input, 0, 200, &small_jpeg("horses.jpg", 64));
+    wait_until(T, "200 detections", || col.detections().len() >= 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(dets.len(), 200, "every frame exactly once");
+    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "in order");
+    let changes: Vec<(u64, u64)> = col.events("batch_change").iter().map(|e| (e["from"].as_u64().unwrap(), e["to"].as_u64().unwrap())).collect();
+    assert!(changes.contains(&(5, 3)) && changes.contains(&(3, 2)), "larger half kept: {changes:?}");
+    assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 5)), "back to the startup batch: {changes:?}");
+    let sizes: Vec<u64> = dets.iter().map(|v| v["batch_size"].as_u64().unwrap()).collect();
+    let last_small = sizes.iter().rposition(|&b| b < 3).expect("small batches while injecting");
+    assert!(sizes[last_small..].contains(&5), "batches of 5 again after the injector stopped: {sizes:?}");
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
 /// Throughput of the agent (hot folder -> MQTT, CPU, batch 4) beside the model alone on the
 /// same pictures. Run: `cargo test --release --test agent -- --ignored bench_agent --nocapture`
 /// (env BENCH_N images, default 400; BENCH_IMGSZ, default 640).
