@@ -7,17 +7,20 @@
 //! batch waits for that copy before it overwrites the buffer. `YOLO_EDGE_UPLOAD=pageable` keeps
 //! candle's path (A/B runs).
 
-use std::sync::Mutex;
-
 use candle_core::{Device, Shape, Tensor};
 
 /// The staging buffer; empty until the first upload to a CUDA device.
 #[derive(Default)]
 pub struct Uploader {
     #[cfg(feature = "cuda")]
-    staging: Mutex<Option<cuda::Staging>>,
-    #[cfg(not(feature = "cuda"))]
-    _unused: Mutex<()>,
+    staging: std::sync::Mutex<Option<cuda::Staging>>,
+}
+
+/// Whether uploads go through the pinned staging buffer (`YOLO_EDGE_UPLOAD=pageable`: no).
+#[cfg(feature = "cuda")]
+fn pinned() -> bool {
+    static PINNED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PINNED.get_or_init(|| std::env::var("YOLO_EDGE_UPLOAD").map_or(true, |v| v != "pageable"))
 }
 
 impl Uploader {
@@ -30,7 +33,7 @@ impl Uploader {
         }
         match device {
             #[cfg(feature = "cuda")]
-            Device::Cuda(d) if std::env::var("YOLO_EDGE_UPLOAD").map_or(true, |v| v != "pageable") => {
+            Device::Cuda(d) if pinned() => {
                 // a poisoned lock only means an earlier upload panicked; the buffer is still valid
                 let mut g = self.staging.lock().unwrap_or_else(|p| p.into_inner());
                 let slice = cuda::upload(&mut g, d, parts, total)?;
