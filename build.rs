@@ -6,6 +6,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The kernels under `src/model/kernels/`, each compiled to `$OUT_DIR/<name>.ptx`.
+const KERNELS: &[&str] = &["epilogue"];
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/model/kernels");
@@ -18,7 +21,7 @@ fn main() {
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let cap = cap.trim().trim_start_matches("sm_").trim_end_matches('a');
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
-    for name in ["epilogue"] {
+    for name in KERNELS {
         let src = format!("src/model/kernels/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));
         let status = Command::new(&nvcc)

@@ -32,6 +32,13 @@ PLAN_VARIANTS="${PLAN_VARIANTS:-t,s,m,c,e}"
 SUM="$OUT/summary.md"; : > "$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+# ab_bench TAG BATCHES VAR=VALUE...: model-only bench of AB_VARIANTS under those env settings,
+# appended to the summary under "### TAG (settings)"
+ab_bench() {
+  local tag=$1 batches=$2; shift 2
+  env "$@" timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "$batches" --mode model --warmup 2 --iters 5 --out "$W/$tag" > "$W/$tag.md" 2> "$W/$tag.log"
+  echo "### $tag ($*)" >> "$SUM"; cat "$W/$tag.md" >> "$SUM"
+}
 
 BIN="$W/yolo-edge"
 xz -dc "$DIST/${BIN_XZ:-yolo-edge-cuda-sm90-cudnn.xz}" > "$BIN" && chmod +x "$BIN"
@@ -93,8 +100,7 @@ if has ab; then
   say "## A/B, same binary: candle's im2col conv + candle's bias/SiLU/add (before) -> one-kernel epilogue -> + cuDNN plans for k>1 convs (now)"
   for m in before:im2col:candle epilogue:im2col:fused cudnn:cudnn:fused; do
     IFS=: read -r name conv epi <<<"$m"
-    YOLO_EDGE_CONV=$conv YOLO_EDGE_EPILOGUE=$epi timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${AB_BATCHES:-1,32,128}" --mode model --warmup 2 --iters 5 --out "$W/ab-$name" > "$W/ab-$name.md" 2> "$W/ab-$name.log"
-    echo "### $name (YOLO_EDGE_CONV=$conv YOLO_EDGE_EPILOGUE=$epi)" >> "$SUM"; cat "$W/ab-$name.md" >> "$SUM"
+    ab_bench "ab-$name" "${AB_BATCHES:-1,32,128}" YOLO_EDGE_CONV="$conv" YOLO_EDGE_EPILOGUE="$epi"
   done
 fi
 
@@ -102,8 +108,7 @@ if has wsab; then
   say "## A/B: workspace offered to cuDNN's algorithm search = max(YOLO_EDGE_CUDNN_WORKSPACE_MIB, YOLO_EDGE_CUDNN_WORKSPACE_SCALE x the convolution's input + output bytes), and the FP16 algorithms admitted (YOLO_EDGE_CUDNN_ALGOS)"
   for c in ${WS_CASES:-256:0:gemm 256:1:gemm 256:6:gemm 256:1:all}; do
     IFS=: read -r mib sc al <<<"$c"
-    YOLO_EDGE_CUDNN_WORKSPACE_MIB=$mib YOLO_EDGE_CUDNN_WORKSPACE_SCALE=$sc YOLO_EDGE_CUDNN_ALGOS=$al timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${WS_BATCHES:-32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/ws-$mib-$sc-$al" > "$W/ws-$mib-$sc-$al.md" 2> "$W/ws-$mib-$sc-$al.log"
-    echo "### floor $mib MiB, scale $sc, algorithms $al" >> "$SUM"; cat "$W/ws-$mib-$sc-$al.md" >> "$SUM"
+    ab_bench "ws-$mib-$sc-$al" "${WS_BATCHES:-32,128,256}" YOLO_EDGE_CUDNN_WORKSPACE_MIB="$mib" YOLO_EDGE_CUDNN_WORKSPACE_SCALE="$sc" YOLO_EDGE_CUDNN_ALGOS="$al"
   done
 fi
 
@@ -111,8 +116,7 @@ if has pool; then
   say "## A/B: pool memory kept between batches (default) vs CUDA's release-at-every-synchronise (YOLO_EDGE_POOL_RELEASE=sync), and the pinned upload vs candle's pageable one (YOLO_EDGE_UPLOAD=pageable)"
   for m in before:sync:pageable hold:hold:pageable now:hold:pinned; do
     IFS=: read -r name rel up <<<"$m"
-    YOLO_EDGE_POOL_RELEASE=$rel YOLO_EDGE_UPLOAD=$up timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "${POOL_BATCHES:-1,32,128,256}" --mode model --warmup 2 --iters 5 --out "$W/pool-$name" > "$W/pool-$name.md" 2> "$W/pool-$name.log"
-    echo "### $name: model only (YOLO_EDGE_POOL_RELEASE=$rel YOLO_EDGE_UPLOAD=$up)" >> "$SUM"; cat "$W/pool-$name.md" >> "$SUM"
+    ab_bench "pool-$name" "${POOL_BATCHES:-1,32,128,256}" YOLO_EDGE_POOL_RELEASE="$rel" YOLO_EDGE_UPLOAD="$up"
     for c in ${POOL_SOAKS:-t:4GiB c:4GiB}; do
       v=${c%%:*}; lim=${c#*:}
       YOLO_EDGE_POOL_RELEASE=$rel YOLO_EDGE_UPLOAD=$up timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json > "$W/pool-$name-soak-$v.json" 2> "$W/pool-$name-soak-$v.log"

@@ -412,20 +412,20 @@ impl<'a> DetectorProber<'a> {
         if self.det.device().is_cuda() {
             self.run_batch(batch)?;
         }
+        let r = self.high_water(|| (0..MEASURED_PASSES).try_for_each(|_| self.run_batch(batch)));
+        let _ = self.meter.trim(); // also after an out-of-memory error: the next probe starts clean
+        Ok(r?.1)
+    }
+
+    /// Runs `work` from a trimmed pool with the high-water marks reset; returns its result and the
+    /// reserved high-water mark above the trimmed start (bytes).
+    fn high_water<T>(&self, work: impl FnOnce() -> Result<T, ProbeError>) -> Result<(T, u64), ProbeError> {
         self.meter.trim().map_err(dev_err)?;
         let base = self.meter.usage().map_err(dev_err)?.reserved;
         self.meter.reset().map_err(dev_err)?;
-        let mut r = Ok(());
-        for _ in 0..MEASURED_PASSES {
-            r = self.run_batch(batch);
-            if r.is_err() {
-                break;
-            }
-        }
+        let r = work();
         let peak = self.meter.usage().map_err(dev_err);
-        let _ = self.meter.trim();
-        r?;
-        Ok(peak?.reserved_high.saturating_sub(base))
+        Ok((r?, peak?.reserved_high.saturating_sub(base)))
     }
 
     /// One batch of `batch` textured pictures through the agent's path, synchronised.
@@ -440,20 +440,19 @@ impl<'a> DetectorProber<'a> {
     /// the agent's path, the pool untouched between them, counting out-of-memory errors and
     /// recording the reserved high-water mark over the whole run (above the trimmed start).
     pub fn soak(&self, batch: usize, passes: usize, max_s: f64) -> Result<Soak, ProbeError> {
-        self.meter.trim().map_err(dev_err)?;
-        let base = self.meter.usage().map_err(dev_err)?.reserved;
-        self.meter.reset().map_err(dev_err)?;
         let t = std::time::Instant::now();
-        let (mut done, mut oom) = (0, 0);
-        while done < passes && t.elapsed().as_secs_f64() < max_s {
-            match self.run_batch(batch) {
-                Ok(()) => {}
-                Err(ProbeError::Oom(_)) => oom += 1,
-                Err(e) => return Err(e),
+        let ((done, oom), peak) = self.high_water(|| {
+            let (mut done, mut oom) = (0, 0);
+            while done < passes && t.elapsed().as_secs_f64() < max_s {
+                match self.run_batch(batch) {
+                    Ok(()) => {}
+                    Err(ProbeError::Oom(_)) => oom += 1,
+                    Err(e) => return Err(e),
+                }
+                done += 1;
             }
-            done += 1;
-        }
-        let peak = self.meter.usage().map_err(dev_err)?.reserved_high.saturating_sub(base);
+            Ok((done, oom))
+        })?;
         Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak })
     }
 }

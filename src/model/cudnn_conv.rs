@@ -18,7 +18,7 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
 use candle_core::cuda_backend::{CudaStorageSlice, DeviceId};
 use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor};
 use cudarc::cudnn::{result, sys};
@@ -115,31 +115,33 @@ thread_local! {
     static UNSUPPORTED: RefCell<HashSet<Key>> = RefCell::new(HashSet::new());
 }
 
-struct Handle(sys::cudnnHandle_t);
-impl Drop for Handle {
-    fn drop(&mut self) {
-        let _ = unsafe { result::destroy_handle(self.0) };
-    }
+/// Owned cuDNN objects, destroyed on drop.
+macro_rules! owned {
+    ($($name:ident($raw:ty) => $destroy:path;)*) => {$(
+        struct $name($raw);
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: created by the matching cuDNN create call and destroyed only here.
+                let _ = unsafe { $destroy(self.0) };
+            }
+        }
+    )*};
+}
+owned! {
+    Handle(sys::cudnnHandle_t) => result::destroy_handle;
+    TensorDesc(sys::cudnnTensorDescriptor_t) => result::destroy_tensor_descriptor;
+    FilterDesc(sys::cudnnFilterDescriptor_t) => result::destroy_filter_descriptor;
+    ConvDesc(sys::cudnnConvolutionDescriptor_t) => result::destroy_convolution_descriptor;
 }
 
-struct TensorDesc(sys::cudnnTensorDescriptor_t);
-impl Drop for TensorDesc {
-    fn drop(&mut self) {
-        let _ = unsafe { result::destroy_tensor_descriptor(self.0) };
-    }
-}
-
-struct FilterDesc(sys::cudnnFilterDescriptor_t);
-impl Drop for FilterDesc {
-    fn drop(&mut self) {
-        let _ = unsafe { result::destroy_filter_descriptor(self.0) };
-    }
-}
-
-struct ConvDesc(sys::cudnnConvolutionDescriptor_t);
-impl Drop for ConvDesc {
-    fn drop(&mut self) {
-        let _ = unsafe { result::destroy_convolution_descriptor(self.0) };
+/// The raw pointer of an optional scratch buffer (null without one), with its stream guard.
+fn scratch_ptr<'a>(ws: &'a mut Option<CudaSlice<u8>>, stream: &'a CudaStream) -> (*mut c_void, Option<SyncOnDrop<'a>>) {
+    match ws.as_mut() {
+        Some(b) => {
+            let (p, g) = b.device_ptr_mut(stream);
+            (p as *mut c_void, Some(g))
+        }
+        None => (std::ptr::null_mut(), None),
     }
 }
 
@@ -286,13 +288,7 @@ fn run<T: DeviceRepr>(dev: &CudaDevice, key: &Key, x: &CudaSlice<T>, xl: &Layout
         let (xp, _gx) = xv.device_ptr(&stream);
         let (wp, _gw) = wv.device_ptr(&stream);
         let (yp, _gy) = y.device_ptr_mut(&stream);
-        let (wsp, _gws) = match ws.as_mut() {
-            Some(b) => {
-                let (p, g) = b.device_ptr_mut(&stream);
-                (p as *mut c_void, Some(g))
-            }
-            None => (std::ptr::null_mut(), None),
-        };
+        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
         unsafe {
             result::convolution_forward(
                 handle,
@@ -348,13 +344,7 @@ fn plan<T: DeviceRepr>(
         let (xp, _gx) = x.device_ptr(&stream);
         let (wp, _gw) = w.device_ptr(&stream);
         let (yp, _gy) = y.device_ptr_mut(&stream);
-        let (wsp, _gws) = match ws.as_mut() {
-            Some(b) => {
-                let (p, g) = b.device_ptr_mut(&stream);
-                (p as *mut c_void, Some(g))
-            }
-            None => (std::ptr::null_mut(), None),
-        };
+        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
         let status = unsafe {
             sys::cudnnFindConvolutionForwardAlgorithmEx(
                 handle,
