@@ -129,6 +129,22 @@ PY
   done
 fi
 
+if has keepab; then
+  say "## A/B: cuDNN workspace kept between calls (default) vs allocated and freed around each call (YOLO_EDGE_CUDNN_WORKSPACE=per-call); pictures copied to the staging buffer on 1 thread vs the default (YOLO_EDGE_UPLOAD_THREADS)"
+  for m in per-call kept; do ab_bench "wskeep-$m" "${KEEP_BATCHES:-1,32,256}" YOLO_EDGE_CUDNN_WORKSPACE="$m"; done
+  for th in 1 default; do
+    for c in ${UP_SOAKS:-t:4GiB c:4GiB}; do
+      v=${c%%:*}; lim=${c#*:}
+      env $([ "$th" = default ] || echo YOLO_EDGE_UPLOAD_THREADS=$th) timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json > "$W/up-$th-soak-$v.json" 2> "$W/up-$th-soak-$v.log"
+      python3 - "$W/up-$th-soak-$v.json" "upload threads $th" "$v" "$lim" <<'PY' 2>&1 | tee -a "$SUM"
+import json, sys
+d = json.load(open(sys.argv[1])); k = d["soak"]; g = k["stages"]
+print(f"{sys.argv[2]}: soak {sys.argv[3]} at {sys.argv[4]}: batch {k['batch']}, {k['passes']} batches in {k['seconds']:.1f} s = {k['batch']*k['passes']/k['seconds']:.0f} img/s, {k['oom']} OOM, peak {k['peak']/2**20:.0f} MiB; per batch: input {g['upload_ms']:.1f} ms, network {g['model_ms']:.1f} ms, candidates {g['candidates_ms']:.1f} ms")
+PY
+    done
+  done
+fi
+
 if has torch; then
   say "## PyTorch bench_torch.py (same call)"
   VARIANTS="$VARIANTS" BATCHES="$BATCHES" MODES="${TORCH_MODES:-fp16,fp16cl}" OUT="$W" timeout "${TORCH_TIMEOUT:-200}" python3 "$DEV"/bench_torch.py > "$W/torch.log" 2>&1
@@ -189,8 +205,8 @@ fi
 
 if has soak; then
   say "## long soaks at the planner's choice (f16, 640, fraction 0.8, max_batch 256, ballast: only the limit free)"
-  say "| variant | limit | budget MiB | chosen | predicted MiB | verified MiB | batches | OOM | soak peak MiB | within budget | s | img/s |"
-  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
+  say "| variant | limit | budget MiB | chosen | predicted MiB | verified MiB | batches | OOM | soak peak MiB | within budget | s | img/s | input / network / candidates ms per batch |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"
   for c in ${SOAK_CASES:-t:4GiB}; do
     v=${c%%:*}; lim=${c#*:}
     timeout $(( ${LONG_SOAK_SECONDS:-590} + 60 )) "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak "${SOAK:-1000}" --soak-seconds "${LONG_SOAK_SECONDS:-590}" --json > "$W/soak-$v-$lim.json" 2> "$W/soak-$v-$lim.log"
@@ -198,7 +214,8 @@ if has soak; then
 import json, sys
 try:
     d = json.load(open(sys.argv[1])); p = d["plan"]; k = d["soak"]; M = 2**20
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {p['predicted_peak']/M:.0f} | {p['verified_peak']/M:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f} | {k['within_budget']} | {k['seconds']:.0f} | {k['batch']*k['passes']/k['seconds']:.0f} |")
+    g = k["stages"]
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {p['predicted_peak']/M:.0f} | {p['verified_peak']/M:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f} | {k['within_budget']} | {k['seconds']:.0f} | {k['batch']*k['passes']/k['seconds']:.0f} | {g['upload_ms']:.1f} / {g['model_ms']:.1f} / {g['candidates_ms']:.1f} |")
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY

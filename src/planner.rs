@@ -440,6 +440,7 @@ impl<'a> DetectorProber<'a> {
     /// the agent's path, the pool untouched between them, counting out-of-memory errors and
     /// recording the reserved high-water mark over the whole run (above the trimmed start).
     pub fn soak(&self, batch: usize, passes: usize, max_s: f64) -> Result<Soak, ProbeError> {
+        let stages = self.stage_times(batch, STAGE_PASSES)?;
         let t = std::time::Instant::now();
         let ((done, oom), peak) = self.high_water(|| {
             let (mut done, mut oom) = (0, 0);
@@ -453,8 +454,50 @@ impl<'a> DetectorProber<'a> {
             }
             Ok((done, oom))
         })?;
-        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak })
+        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak, stages })
     }
+
+    /// Where a batch's time goes on the agent's path, median over `n` batches, each stage
+    /// synchronised before the next starts (so the sum is a little more than a batch takes).
+    fn stage_times(&self, batch: usize, n: usize) -> Result<StageTimes, ProbeError> {
+        let pics: Vec<&Letterboxed> = vec![&self.picture; batch];
+        let dev = self.det.device();
+        let sync = || dev.synchronize().map_err(cand_err);
+        let (mut up, mut model, mut cands) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..n {
+            let t0 = std::time::Instant::now();
+            let x = self.det.input(&pics).map_err(cand_err)?;
+            sync()?;
+            let t1 = std::time::Instant::now();
+            let raw = self.det.model().forward(&x).map_err(cand_err)?;
+            sync()?;
+            let t2 = std::time::Instant::now();
+            self.det.candidates(&raw, 2.0).map_err(cand_err)?;
+            let t3 = std::time::Instant::now();
+            up.push((t1 - t0).as_secs_f64() * 1e3);
+            model.push((t2 - t1).as_secs_f64() * 1e3);
+            cands.push((t3 - t2).as_secs_f64() * 1e3);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        Ok(StageTimes { batches: n, upload_ms: median(up), model_ms: median(model), candidates_ms: median(cands) })
+    }
+}
+
+/// Batches timed stage by stage at the start of a soak.
+const STAGE_PASSES: usize = 5;
+
+/// Median milliseconds per batch of each stage of the agent's path (see
+/// [`DetectorProber::soak`]): pictures to the device's normalised input, the network, and the
+/// candidates back on the host.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageTimes {
+    pub batches: usize,
+    pub upload_ms: f64,
+    pub model_ms: f64,
+    pub candidates_ms: f64,
 }
 
 /// What [`DetectorProber::soak`] saw.
@@ -466,6 +509,8 @@ pub struct Soak {
     pub seconds: f64,
     /// Reserved high-water mark over the soak, above the trimmed start (bytes).
     pub peak: u64,
+    /// Where the time of a batch goes (timed before the soak).
+    pub stages: StageTimes,
 }
 
 fn dev_err(e: devmem::DevMemError) -> ProbeError {

@@ -172,7 +172,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
     let soak_json = soaked.as_ref().map(|(k, ballast)| {
         serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak,
-            "within_budget": k.peak <= plan.budget.bytes, "ballast": ballast})
+            "within_budget": k.peak <= plan.budget.bytes, "ballast": ballast, "stages": k.stages})
     });
     if a.json {
         let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "sweep": sw, "soak": soak_json});
@@ -216,6 +216,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
             println!(
                 "soak         {} passes at batch {} in {:.1} s: {} out of memory; peak {:.1} MiB ({} the budget of {:.1} MiB){held}",
                 k.passes, k.batch, k.seconds, k.oom, k.peak as f64 / MIB, if k.peak <= plan.budget.bytes { "within" } else { "OVER" }, plan.budget.bytes as f64 / MIB
+            );
+            let s = &k.stages;
+            println!(
+                "  one batch, stage by stage (median of {}): pictures to input {:.1} ms, network {:.1} ms, candidates to the host {:.1} ms",
+                s.batches, s.upload_ms, s.model_ms, s.candidates_ms
             );
         }
         println!("planned in {plan_ms:.0} ms (startup: load {:.0} ms, first forward {:.1} ms, second {:.1} ms)", st.load_ms, st.first_forward_ms, st.second_forward_ms);

@@ -10,7 +10,9 @@
 //! (the head's depthwise 3x3) are one call, not one per group.
 //!
 //! Plans live per thread (cuDNN handles are not thread-safe; the agent runs one inference thread
-//! per device). The workspace of each call comes from candle's pool, so the memory planner sees it.
+//! per device). The workspace comes from candle's pool, so the memory planner sees it; it is kept
+//! between calls (one buffer per device, sized once per batch size) and given back by
+//! [`release_workspace`] when the pool is trimmed.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -43,6 +45,53 @@ fn find_workspace(io_bytes: usize) -> usize {
         (floor, scale)
     });
     floor.max(((io_bytes as f64 * scale) as usize).min(8 << 30))
+}
+
+/// Whether one workspace buffer is kept between calls (default) or each call allocates and frees
+/// its own (`YOLO_EDGE_CUDNN_WORKSPACE=per-call`, the session-4 behaviour, for A/B runs). A
+/// buffer allocated and freed around every convolution leaves holes between the activations that
+/// the pool fills differently at every batch size: the planner's readings at neighbouring batches
+/// differed by up to one large activation (H200, session 4: yolov9m batch 19 read 1024 MiB, 13
+/// and 28 read 608 and 1344).
+fn keep_workspace() -> bool {
+    static KEEP: OnceLock<bool> = OnceLock::new();
+    *KEEP.get_or_init(|| std::env::var("YOLO_EDGE_CUDNN_WORKSPACE").as_deref() != Ok("per-call"))
+}
+
+/// Gives this thread's kept cuDNN workspaces back to the pool (before trimming it: after an
+/// out-of-memory error, when idle, between the planner's probes). The next convolution that
+/// needs one allocates it again, at the largest need of its batch size.
+pub fn release_workspace() {
+    WORKSPACE.with(|w| w.borrow_mut().clear());
+}
+
+/// The workspace for a call of `key` needing `need` bytes: the kept buffer when it is large
+/// enough; otherwise (or when per-call) a new one, as large as the largest need planned at this
+/// batch size, so that it is allocated once per batch size and early in the pass.
+fn take_workspace(dev: &CudaDevice, key: &Key, need: usize) -> candle_core::Result<Option<CudaSlice<u8>>> {
+    if need == 0 {
+        return Ok(None);
+    }
+    if !keep_workspace() {
+        // SAFETY: uninitialised scratch space for cuDNN.
+        return Ok(Some(unsafe { dev.alloc::<u8>(need)? }));
+    }
+    if let Some(b) = WORKSPACE.with(|w| w.borrow_mut().remove(&key.dev)) {
+        if b.len() >= need {
+            return Ok(Some(b));
+        }
+        drop(b); // stream-ordered free; its memory serves the larger buffer or the activations
+    }
+    let size = NEED.with(|n| n.borrow().get(&(key.dev, key.x[0])).copied()).unwrap_or(0).max(need);
+    // SAFETY: uninitialised scratch space for cuDNN.
+    Ok(Some(unsafe { dev.alloc::<u8>(size)? }))
+}
+
+/// Puts a workspace taken by [`take_workspace`] back (when kept).
+fn return_workspace(key: &Key, ws: Option<CudaSlice<u8>>) {
+    if let (Some(b), true) = (ws, keep_workspace()) {
+        WORKSPACE.with(|w| w.borrow_mut().insert(key.dev, b));
+    }
 }
 
 /// Whether cuDNN takes the convolutions (`YOLO_EDGE_CONV=im2col` keeps candle's path).
@@ -113,6 +162,10 @@ thread_local! {
     static HANDLES: RefCell<HashMap<DeviceId, Handle>> = RefCell::new(HashMap::new());
     static PLANS: RefCell<HashMap<Key, Plan>> = RefCell::new(HashMap::new());
     static UNSUPPORTED: RefCell<HashSet<Key>> = RefCell::new(HashSet::new());
+    /// The kept workspace per device ([`take_workspace`]).
+    static WORKSPACE: RefCell<HashMap<DeviceId, CudaSlice<u8>>> = RefCell::new(HashMap::new());
+    /// The largest workspace any plan needs, per device and batch size.
+    static NEED: RefCell<HashMap<(DeviceId, i32), usize>> = RefCell::new(HashMap::new());
 }
 
 /// Owned cuDNN objects, destroyed on drop.
@@ -277,13 +330,17 @@ fn run<T: DeviceRepr>(dev: &CudaDevice, key: &Key, x: &CudaSlice<T>, xl: &Layout
             }
         };
         tracing::debug!(shape = ?key, algo = ?plan.algo, workspace = plan.workspace, "cuDNN plan");
+        NEED.with(|n| {
+            let mut n = n.borrow_mut();
+            let e = n.entry((key.dev, key.x[0])).or_insert(0);
+            *e = (*e).max(plan.workspace);
+        });
         PLANS.with(|p| p.borrow_mut().insert(*key, plan));
     }
-    PLANS.with(|p| -> candle_core::Result<()> {
+    let ws = PLANS.with(|p| -> candle_core::Result<Option<CudaSlice<u8>>> {
         let plans = p.borrow();
         let plan = plans.get(key).ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
-        // SAFETY: uninitialised scratch space for cuDNN.
-        let mut ws = if plan.workspace > 0 { Some(unsafe { dev.alloc::<u8>(plan.workspace)? }) } else { None };
+        let mut ws = take_workspace(dev, key, plan.workspace)?;
         let (alpha, beta) = (1f32, 0f32);
         let (xp, _gx) = xv.device_ptr(&stream);
         let (wp, _gw) = wv.device_ptr(&stream);
@@ -306,8 +363,11 @@ fn run<T: DeviceRepr>(dev: &CudaDevice, key: &Key, x: &CudaSlice<T>, xl: &Layout
                 yp as *mut c_void,
             )
         }
-        .map_err(|e| err("convolution", e))
+        .map_err(|e| err("convolution", e))?;
+        drop((_gx, _gw, _gy, _gws));
+        Ok(ws)
     })?;
+    return_workspace(key, ws);
     Ok(y)
 }
 
