@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab wsab pool plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab wsab pool keepab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -17,6 +17,8 @@
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
+#      SWEEP_CASES ("t:4GiB ...", instead of PLAN_VARIANTS x PLAN_LIMITS) DEADLINE (epoch s: sweep
+#      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of keepab/algoab)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -129,20 +131,32 @@ PY
   done
 fi
 
-if has keepab; then
-  say "## A/B: cuDNN workspace kept between calls (default) vs allocated and freed around each call (YOLO_EDGE_CUDNN_WORKSPACE=per-call); pictures copied to the staging buffer on 1 thread vs the default (YOLO_EDGE_UPLOAD_THREADS)"
-  for m in per-call kept; do ab_bench "wskeep-$m" "${KEEP_BATCHES:-1,32,256}" YOLO_EDGE_CUDNN_WORKSPACE="$m"; done
-  for th in 1 default; do
-    for c in ${UP_SOAKS:-t:4GiB c:4GiB}; do
-      v=${c%%:*}; lim=${c#*:}
-      env $([ "$th" = default ] || echo YOLO_EDGE_UPLOAD_THREADS=$th) timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json > "$W/up-$th-soak-$v.json" 2> "$W/up-$th-soak-$v.log"
-      python3 - "$W/up-$th-soak-$v.json" "upload threads $th" "$v" "$lim" <<'PY' 2>&1 | tee -a "$SUM"
+# short soaks (8 s) of AB_SOAKS cases through the agent's path with extra env, one line each
+soak_ab() {
+  local tag=$1; shift
+  for c in ${AB_SOAKS:-t:4GiB c:4GiB}; do
+    local v=${c%%:*} lim=${c#*:}
+    env "$@" timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json > "$W/$tag-soak-$v.json" 2> "$W/$tag-soak-$v.log"
+    python3 - "$W/$tag-soak-$v.json" "$tag ($*)" "$v" "$lim" <<'PY' 2>&1 | tee -a "$SUM"
 import json, sys
 d = json.load(open(sys.argv[1])); k = d["soak"]; g = k["stages"]
 print(f"{sys.argv[2]}: soak {sys.argv[3]} at {sys.argv[4]}: batch {k['batch']}, {k['passes']} batches in {k['seconds']:.1f} s = {k['batch']*k['passes']/k['seconds']:.0f} img/s, {k['oom']} OOM, peak {k['peak']/2**20:.0f} MiB; per batch: input {g['upload_ms']:.1f} ms, network {g['model_ms']:.1f} ms, candidates {g['candidates_ms']:.1f} ms")
 PY
-    done
   done
+}
+
+if has keepab; then
+  say "## A/B: cuDNN workspace allocated and freed around each call (default) vs kept between calls (YOLO_EDGE_CUDNN_WORKSPACE=kept); pictures copied to the staging buffer on 1 thread vs the default (YOLO_EDGE_UPLOAD_THREADS)"
+  for m in per-call kept; do ab_bench "wskeep-$m" "${KEEP_BATCHES:-1,32,256}" YOLO_EDGE_CUDNN_WORKSPACE="$m"; done
+  soak_ab up-1 YOLO_EDGE_UPLOAD_THREADS=1
+  soak_ab up-default
+fi
+
+if has algoab; then
+  say "## A/B: cuDNN algorithm = the fastest (YOLO_EDGE_CUDNN_ALGO_SLACK=0) vs the least workspace within 5 % of it (default); candidates filtered on the host (YOLO_EDGE_CANDIDATES=host) vs on the device (default)"
+  for sl in 0 0.05; do ab_bench "slack-$sl" "${SLACK_BATCHES:-1,32,256}" YOLO_EDGE_CUDNN_ALGO_SLACK="$sl"; done
+  soak_ab cand-host YOLO_EDGE_CANDIDATES=host
+  soak_ab cand-device
 fi
 
 if has torch; then
@@ -187,8 +201,19 @@ if has sweep; then
   say "## planner sweep + soak (f16, 640, fraction 0.8, max_batch 256): predicted vs measured at every batch up to the chosen one, the largest batch that fits, OOM count at the chosen batch"
   say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s |"
   say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-  for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do
-    timeout "${SWEEP_TIMEOUT:-300}" "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --soak "${SOAK:-1000}" --soak-seconds "${SOAK_SECONDS:-20}" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
+  cases="${SWEEP_CASES:-$(for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do echo -n "$v:$lim "; done; done)}"
+  for c in $cases; do
+    v=${c%%:*}; lim=${c#*:}
+    # with DEADLINE (epoch s), the soak is cut short rather than the case killed, and cases that
+    # cannot start in time are skipped
+    secs="${SOAK_SECONDS:-20}"; tmo="${SWEEP_TIMEOUT:-300}"
+    if [ -n "${DEADLINE:-}" ]; then
+      left=$(( DEADLINE - $(date +%s) ))
+      if [ "$left" -lt 100 ]; then say "| $v | $lim | skipped: ${left} s left |"; continue; fi
+      [ $(( left - 90 )) -lt "$secs" ] && secs=$(( left - 90 ))
+      [ "$left" -lt "$tmo" ] && tmo=$left
+    fi
+    timeout "$tmo" "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --soak "${SOAK:-1000}" --soak-seconds "$secs" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
     python3 - "$W/sweep-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
 import json, sys
 try:
@@ -200,7 +225,7 @@ try:
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY
-  done; done
+  done
 fi
 
 if has soak; then
@@ -249,5 +274,5 @@ for (m, b), c in groups.items():
 PY
 fi
 
-(cd "$OUT" && tar czf all.tar.gz work && rm -rf work)
+(cd "$OUT" && tar czf all.tar.gz --exclude=work/yolo-edge --exclude=work/site --exclude="*.npy" work && rm -rf work)
 echo; cat "$SUM" | tail -60

@@ -12,6 +12,13 @@ use crate::preprocess::Letterboxed;
 use crate::upload::Uploader;
 use crate::weights::Checkpoint;
 
+/// Whether CUDA filters candidates on the device (`YOLO_EDGE_CANDIDATES=host`: no).
+#[cfg(feature = "cuda")]
+fn device_candidates() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("YOLO_EDGE_CANDIDATES").as_deref() != Ok("host"))
+}
+
 pub struct Detector {
     model: YoloV9,
     imgsz: usize,
@@ -70,9 +77,17 @@ impl Detector {
         self.model.forward(&self.input(batch)?)
     }
 
-    /// Candidates above `conf` for every picture of a raw output (one device-to-host copy of
-    /// boxes, best score and class per anchor).
+    /// Candidates above `conf` for every picture of a raw output, in anchor order. On CUDA the
+    /// best class and the threshold run on the device and only the survivors come back
+    /// (`YOLO_EDGE_CANDIDATES=host`: the host path, for A/B runs); elsewhere one copy of boxes,
+    /// best score and class per anchor, filtered here.
     pub fn candidates(&self, raw: &Tensor, conf: f32) -> candle_core::Result<Vec<Vec<Candidate>>> {
+        #[cfg(feature = "cuda")]
+        if device_candidates() {
+            if let Some(r) = crate::model::gpu_candidates::candidates(raw, conf) {
+                return r;
+            }
+        }
         let (b, no, a) = raw.dims3()?;
         let nc = no - 4;
         let scores = raw.narrow(1, 4, nc)?;

@@ -10,9 +10,9 @@
 //! (the head's depthwise 3x3) are one call, not one per group.
 //!
 //! Plans live per thread (cuDNN handles are not thread-safe; the agent runs one inference thread
-//! per device). The workspace comes from candle's pool, so the memory planner sees it; it is kept
-//! between calls (one buffer per device, sized once per batch size) and given back by
-//! [`release_workspace`] when the pool is trimmed.
+//! per device). The workspace of each call comes from candle's pool, so the memory planner sees
+//! it (`YOLO_EDGE_CUDNN_WORKSPACE=kept` keeps one buffer between calls instead, given back by
+//! [`release_workspace`] when the pool is trimmed).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -47,15 +47,26 @@ fn find_workspace(io_bytes: usize) -> usize {
     floor.max(((io_bytes as f64 * scale) as usize).min(8 << 30))
 }
 
-/// Whether one workspace buffer is kept between calls (default) or each call allocates and frees
-/// its own (`YOLO_EDGE_CUDNN_WORKSPACE=per-call`, the session-4 behaviour, for A/B runs). A
-/// buffer allocated and freed around every convolution leaves holes between the activations that
-/// the pool fills differently at every batch size: the planner's readings at neighbouring batches
-/// differed by up to one large activation (H200, session 4: yolov9m batch 19 read 1024 MiB, 13
-/// and 28 read 608 and 1344).
+/// Whether one workspace buffer is kept between calls (`YOLO_EDGE_CUDNN_WORKSPACE=kept`) instead
+/// of each call allocating and freeing its own (default). Kept, the workspace no longer shares
+/// the pool with the activations: H200, session 5, same call: batch 1 is faster (yolov9c 13.4 ->
+/// 9.0 ms, yolov9t 13.9 -> 12.9 ms) but peaks grow (yolov9c batch 256 17.1 -> 21.3 GiB) and the
+/// planner's choices under 4 GiB shrink by 15-25 % (t 204 -> 171, c 45 -> 35, e 31 -> 25).
 fn keep_workspace() -> bool {
     static KEEP: OnceLock<bool> = OnceLock::new();
-    *KEEP.get_or_init(|| std::env::var("YOLO_EDGE_CUDNN_WORKSPACE").as_deref() != Ok("per-call"))
+    *KEEP.get_or_init(|| std::env::var("YOLO_EDGE_CUDNN_WORKSPACE").as_deref() == Ok("kept"))
+}
+
+/// How much slower than the fastest an algorithm may be and still be chosen for needing less
+/// workspace: `YOLO_EDGE_CUDNN_ALGO_SLACK` (default 0.05 = 5 %; 0 = always the fastest, as
+/// PyTorch's `cudnn.benchmark`). The search's timings of near-equal algorithms vary from run to
+/// run, and so did the workspace, and with it the peak memory at a given batch (H200, session 5:
+/// the planner's choice for yolov9m under 4 GiB was 66 in one run and 61 in another).
+fn algo_slack() -> f32 {
+    static SLACK: OnceLock<f32> = OnceLock::new();
+    *SLACK.get_or_init(|| {
+        std::env::var("YOLO_EDGE_CUDNN_ALGO_SLACK").ok().and_then(|v| v.parse::<f32>().ok()).filter(|v| v.is_finite() && *v >= 0.0).unwrap_or(0.05)
+    })
 }
 
 /// Gives this thread's kept cuDNN workspaces back to the pool (before trimming it: after an
@@ -425,9 +436,16 @@ fn plan<T: DeviceRepr>(
         status.result().map_err(|e| err("algorithm search", e))?;
     }
     drop(ws);
-    let best = perf[..returned.clamp(0, N as i32) as usize]
+    let usable: Vec<&sys::cudnnConvolutionFwdAlgoPerf_t> = perf[..returned.clamp(0, N as i32) as usize]
         .iter()
-        .find(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_size && admitted(key.f16, p.algo))
+        .filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_size && admitted(key.f16, p.algo))
+        .collect();
+    let fastest = usable.iter().map(|p| p.time).fold(f32::INFINITY, f32::min);
+    // the least workspace among those within the slack of the fastest (ties: the faster)
+    let best = usable
+        .iter()
+        .filter(|p| p.time <= fastest * (1.0 + algo_slack()))
+        .min_by(|a, b| a.memory.cmp(&b.memory).then(a.time.total_cmp(&b.time)))
         .ok_or_else(|| candle_core::Error::Msg(format!("cuDNN: no admitted algorithm for {key:?} ({returned} tried)")))?;
     unsafe { result::set_convolution_math_type(plan.conv.0, best.mathType) }.map_err(|e| err("math type", e))?;
     plan.algo = best.algo;

@@ -9,6 +9,8 @@ mod cpukernel;
 #[cfg(feature = "cudnn")]
 pub(crate) mod cudnn_conv;
 #[cfg(feature = "cuda")]
+pub(crate) mod gpu_candidates;
+#[cfg(feature = "cuda")]
 mod gpu_epilogue;
 pub mod head;
 

@@ -1,0 +1,52 @@
+// Score filtering on the device. For every anchor j of picture n in the raw output
+// (B, 4 + nc, A): the best class and its score; an anchor whose best score is above `conf` is
+// appended to one list shared by the batch as 8 floats (x, y, w, h, score, class, n, j), and
+// `count` is incremented. Only the count and the survivors go back to the host, which orders
+// them by (n, j). Ties between classes keep the first (as torch's max). Contiguous input.
+// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_candidates.rs.
+#include <cuda_fp16.h>
+
+template <typename T> __device__ __forceinline__ float ld(T v);
+template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
+template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned int a, float conf,
+                       float *out, unsigned int *count) {
+  const unsigned int total = b * a;
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    const unsigned int n = i / a, j = i % a;
+    const T *p = raw + (size_t)n * no * a + j;
+    float best = ld(p[4 * (size_t)a]);
+    unsigned int cls = 0;
+    for (unsigned int c = 1; c + 4 < no; ++c) {
+      const float s = ld(p[(4 + (size_t)c) * a]);
+      if (s > best) {
+        best = s;
+        cls = c;
+      }
+    }
+    if (best > conf) {
+      const unsigned int k = atomicAdd(count, 1u);
+      float *o = out + (size_t)k * 8;
+      o[0] = ld(p[0]);
+      o[1] = ld(p[(size_t)a]);
+      o[2] = ld(p[2 * (size_t)a]);
+      o[3] = ld(p[3 * (size_t)a]);
+      o[4] = best;
+      o[5] = (float)cls;
+      o[6] = (float)n;
+      o[7] = (float)j;
+    }
+  }
+}
+
+extern "C" __global__ void select_f32(const float *raw, unsigned int b, unsigned int no, unsigned int a, float conf,
+                                      float *out, unsigned int *count) {
+  select<float>(raw, b, no, a, conf, out, count);
+}
+
+extern "C" __global__ void select_f16(const __half *raw, unsigned int b, unsigned int no, unsigned int a, float conf,
+                                      float *out, unsigned int *count) {
+  select<__half>(raw, b, no, a, conf, out, count);
+}
