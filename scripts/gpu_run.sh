@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab wsab pool keepab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -18,7 +18,7 @@
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
 #      SWEEP_CASES ("t:4GiB ...", instead of PLAN_VARIANTS x PLAN_LIMITS) DEADLINE (epoch s: sweep
-#      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of keepab/algoab)
+#      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of upab/algoab)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -145,9 +145,8 @@ PY
   done
 }
 
-if has keepab; then
-  say "## A/B: cuDNN workspace allocated and freed around each call (default) vs kept between calls (YOLO_EDGE_CUDNN_WORKSPACE=kept); pictures copied to the staging buffer on 1 thread vs the default (YOLO_EDGE_UPLOAD_THREADS)"
-  for m in per-call kept; do ab_bench "wskeep-$m" "${KEEP_BATCHES:-1,32,256}" YOLO_EDGE_CUDNN_WORKSPACE="$m"; done
+if has upab; then
+  say "## A/B: pictures copied to the staging buffer on 1 thread vs the default (YOLO_EDGE_UPLOAD_THREADS)"
   soak_ab up-1 YOLO_EDGE_UPLOAD_THREADS=1
   soak_ab up-default
 fi

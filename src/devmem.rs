@@ -193,11 +193,8 @@ impl PeakMeter {
         }
     }
 
-    /// Returns cached but unused pool memory to the device (CUDA), the calling thread's kept
-    /// cuDNN workspace included; a no-op on the CPU.
+    /// Returns cached but unused pool memory to the device (CUDA); a no-op on the CPU.
     pub fn trim(&self) -> Result<(), DevMemError> {
-        #[cfg(feature = "cudnn")]
-        crate::model::cudnn_conv::release_workspace();
         match &self.device {
             #[cfg(feature = "cuda")]
             Device::Cuda(d) => cuda::trim(d),

@@ -739,5 +739,11 @@ mod tests {
         assert!(plan.batch >= 1 && plan.batch <= 64);
         assert!(plan.verified_peak <= budget.bytes);
         assert!(plan.fit.per_image > 0.0);
+        // the soak of that decision: every pass runs, none fails, each stage is timed
+        let soak = prober.soak(plan.batch.min(4), 3, 600.0).unwrap();
+        assert_eq!((soak.passes, soak.oom), (3, 0));
+        assert_eq!(soak.stages.batches, STAGE_PASSES);
+        assert!(soak.stages.model_ms > 0.0 && soak.stages.upload_ms >= 0.0 && soak.stages.candidates_ms >= 0.0, "{:?}", soak.stages);
+        assert!(soak.seconds > 0.0);
     }
 }

@@ -11,8 +11,8 @@
 //!
 //! Plans live per thread (cuDNN handles are not thread-safe; the agent runs one inference thread
 //! per device). The workspace of each call comes from candle's pool, so the memory planner sees
-//! it (`YOLO_EDGE_CUDNN_WORKSPACE=kept` keeps one buffer between calls instead, given back by
-//! [`release_workspace`] when the pool is trimmed).
+//! it. (A workspace kept between calls was tried on the H200 in session 5: peaks grew, e.g.
+//! yolov9c batch 256 17.1 -> 21.3 GiB, and the planner's choices under 4 GiB shrank by 15-25 %.)
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -47,62 +47,17 @@ fn find_workspace(io_bytes: usize) -> usize {
     floor.max(((io_bytes as f64 * scale) as usize).min(8 << 30))
 }
 
-/// Whether one workspace buffer is kept between calls (`YOLO_EDGE_CUDNN_WORKSPACE=kept`) instead
-/// of each call allocating and freeing its own (default). Kept, the workspace no longer shares
-/// the pool with the activations: H200, session 5, same call: batch 1 is faster (yolov9c 13.4 ->
-/// 9.0 ms, yolov9t 13.9 -> 12.9 ms) but peaks grow (yolov9c batch 256 17.1 -> 21.3 GiB) and the
-/// planner's choices under 4 GiB shrink by 15-25 % (t 204 -> 171, c 45 -> 35, e 31 -> 25).
-fn keep_workspace() -> bool {
-    static KEEP: OnceLock<bool> = OnceLock::new();
-    *KEEP.get_or_init(|| std::env::var("YOLO_EDGE_CUDNN_WORKSPACE").as_deref() == Ok("kept"))
-}
-
 /// How much slower than the fastest an algorithm may be and still be chosen for needing less
 /// workspace: `YOLO_EDGE_CUDNN_ALGO_SLACK` (default 0.05 = 5 %; 0 = always the fastest, as
 /// PyTorch's `cudnn.benchmark`). The search's timings of near-equal algorithms vary from run to
-/// run, and so did the workspace, and with it the peak memory at a given batch (H200, session 5:
-/// the planner's choice for yolov9m under 4 GiB was 66 in one run and 61 in another).
+/// run, and a choice by time alone can take one that needs far more scratch memory for no real
+/// gain. H200, session 5, same call, slack 0 vs 0.05: yolov9t/c at batch 1/32/256 within 5 %
+/// (batch 1) and 1 % (32, 256) of each other, same peaks.
 fn algo_slack() -> f32 {
     static SLACK: OnceLock<f32> = OnceLock::new();
     *SLACK.get_or_init(|| {
         std::env::var("YOLO_EDGE_CUDNN_ALGO_SLACK").ok().and_then(|v| v.parse::<f32>().ok()).filter(|v| v.is_finite() && *v >= 0.0).unwrap_or(0.05)
     })
-}
-
-/// Gives this thread's kept cuDNN workspaces back to the pool (before trimming it: after an
-/// out-of-memory error, when idle, between the planner's probes). The next convolution that
-/// needs one allocates it again, at the largest need of its batch size.
-pub fn release_workspace() {
-    WORKSPACE.with(|w| w.borrow_mut().clear());
-}
-
-/// The workspace for a call of `key` needing `need` bytes: the kept buffer when it is large
-/// enough; otherwise (or when per-call) a new one, as large as the largest need planned at this
-/// batch size, so that it is allocated once per batch size and early in the pass.
-fn take_workspace(dev: &CudaDevice, key: &Key, need: usize) -> candle_core::Result<Option<CudaSlice<u8>>> {
-    if need == 0 {
-        return Ok(None);
-    }
-    if !keep_workspace() {
-        // SAFETY: uninitialised scratch space for cuDNN.
-        return Ok(Some(unsafe { dev.alloc::<u8>(need)? }));
-    }
-    if let Some(b) = WORKSPACE.with(|w| w.borrow_mut().remove(&key.dev)) {
-        if b.len() >= need {
-            return Ok(Some(b));
-        }
-        drop(b); // stream-ordered free; its memory serves the larger buffer or the activations
-    }
-    let size = NEED.with(|n| n.borrow().get(&(key.dev, key.x[0])).copied()).unwrap_or(0).max(need);
-    // SAFETY: uninitialised scratch space for cuDNN.
-    Ok(Some(unsafe { dev.alloc::<u8>(size)? }))
-}
-
-/// Puts a workspace taken by [`take_workspace`] back (when kept).
-fn return_workspace(key: &Key, ws: Option<CudaSlice<u8>>) {
-    if let (Some(b), true) = (ws, keep_workspace()) {
-        WORKSPACE.with(|w| w.borrow_mut().insert(key.dev, b));
-    }
 }
 
 /// Whether cuDNN takes the convolutions (`YOLO_EDGE_CONV=im2col` keeps candle's path).
@@ -173,10 +128,6 @@ thread_local! {
     static HANDLES: RefCell<HashMap<DeviceId, Handle>> = RefCell::new(HashMap::new());
     static PLANS: RefCell<HashMap<Key, Plan>> = RefCell::new(HashMap::new());
     static UNSUPPORTED: RefCell<HashSet<Key>> = RefCell::new(HashSet::new());
-    /// The kept workspace per device ([`take_workspace`]).
-    static WORKSPACE: RefCell<HashMap<DeviceId, CudaSlice<u8>>> = RefCell::new(HashMap::new());
-    /// The largest workspace any plan needs, per device and batch size.
-    static NEED: RefCell<HashMap<(DeviceId, i32), usize>> = RefCell::new(HashMap::new());
 }
 
 /// Owned cuDNN objects, destroyed on drop.
@@ -341,17 +292,13 @@ fn run<T: DeviceRepr>(dev: &CudaDevice, key: &Key, x: &CudaSlice<T>, xl: &Layout
             }
         };
         tracing::debug!(shape = ?key, algo = ?plan.algo, workspace = plan.workspace, "cuDNN plan");
-        NEED.with(|n| {
-            let mut n = n.borrow_mut();
-            let e = n.entry((key.dev, key.x[0])).or_insert(0);
-            *e = (*e).max(plan.workspace);
-        });
         PLANS.with(|p| p.borrow_mut().insert(*key, plan));
     }
-    let ws = PLANS.with(|p| -> candle_core::Result<Option<CudaSlice<u8>>> {
+    PLANS.with(|p| -> candle_core::Result<()> {
         let plans = p.borrow();
         let plan = plans.get(key).ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
-        let mut ws = take_workspace(dev, key, plan.workspace)?;
+        // SAFETY: uninitialised scratch space for cuDNN.
+        let mut ws = if plan.workspace > 0 { Some(unsafe { dev.alloc::<u8>(plan.workspace)? }) } else { None };
         let (alpha, beta) = (1f32, 0f32);
         let (xp, _gx) = xv.device_ptr(&stream);
         let (wp, _gw) = wv.device_ptr(&stream);
@@ -374,11 +321,8 @@ fn run<T: DeviceRepr>(dev: &CudaDevice, key: &Key, x: &CudaSlice<T>, xl: &Layout
                 yp as *mut c_void,
             )
         }
-        .map_err(|e| err("convolution", e))?;
-        drop((_gx, _gw, _gy, _gws));
-        Ok(ws)
+        .map_err(|e| err("convolution", e))
     })?;
-    return_workspace(key, ws);
     Ok(y)
 }
 
