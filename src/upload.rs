@@ -50,8 +50,9 @@ impl Uploader {
 }
 
 /// Threads that copy pictures into the staging buffer: `YOLO_EDGE_UPLOAD_THREADS`, default the
-/// available cores up to 8 (1: one thread, the session-4 behaviour). One thread copies about
-/// 5-10 GB/s, i.e. 0.1-0.25 ms per 640x640 picture, while the GPU waits for the upload.
+/// available cores up to 8 (1: one thread, the session-4 behaviour). The GPU waits for this copy:
+/// on the H200 host (16 cores) a batch of 171 pictures at 640 took 32.5 ms on one thread and
+/// 12.1 ms on the default (session 5).
 fn copy_threads() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
