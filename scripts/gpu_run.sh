@@ -198,8 +198,8 @@ fi
 
 if has sweep; then
   say "## planner sweep + soak (f16, 640, fraction 0.8, max_batch 256): predicted vs measured at every batch up to the chosen one, the largest batch that fits, OOM count at the chosen batch"
-  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s |"
-  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches >= chosen/4 | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   cases="${SWEEP_CASES:-$(for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do echo -n "$v:$lim "; done; done)}"
   for c in $cases; do
     v=${c%%:*}; lim=${c#*:}
@@ -220,7 +220,8 @@ try:
     pts = [q for q in s["points"] if q["batch"] <= p["batch"] and q.get("measured") is not None]
     rel = max([abs(q["error"]) for q in pts if q["measured"] >= 320 * M and q.get("error") is not None] or [0])
     ab = max([abs(q["predicted"] - q["measured"]) / M for q in pts] or [0])
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} |")
+    q4 = max([abs(q["error"]) for q in pts if 4 * q["batch"] >= p["batch"] and q.get("error") is not None] or [0])
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*q4:.1f}% | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} |")
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY

@@ -44,6 +44,29 @@ pub struct Candidate {
     pub class_id: usize,
 }
 
+/// Floats per candidate row that the device filter returns: x, y, w, h, score, class, picture,
+/// anchor (`src/model/kernels/candidates.cu`).
+pub const DEVICE_ROW: usize = 8;
+
+/// Per-picture candidate lists, each in anchor order (as the host filter yields them), from the
+/// device filter's rows, which come in whatever order the device appended them. A row naming a
+/// picture outside `0..pictures` is dropped; a trailing partial row is ignored.
+pub fn candidates_from_rows(rows: &[f32], pictures: usize) -> Vec<Vec<Candidate>> {
+    let mut per: Vec<Vec<(usize, Candidate)>> = vec![Vec::new(); pictures];
+    for r in rows.chunks_exact(DEVICE_ROW) {
+        let (pic, anchor) = (r[6] as usize, r[7] as usize);
+        if let Some(list) = per.get_mut(pic) {
+            list.push((anchor, Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }));
+        }
+    }
+    per.into_iter()
+        .map(|mut l| {
+            l.sort_unstable_by_key(|e| e.0);
+            l.into_iter().map(|e| e.1).collect()
+        })
+        .collect()
+}
+
 fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
     let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
     let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
@@ -113,6 +136,22 @@ mod tests {
 
     fn cand(x: f32, y: f32, s: f32, cls: usize) -> Candidate {
         Candidate { xywh: [x, y, 10.0, 10.0], score: s, class_id: cls }
+    }
+
+    #[test]
+    fn device_rows_become_per_picture_lists_in_anchor_order() {
+        // rows as the device appends them: out of order, pictures interleaved, one stray picture
+        let row = |pic: f32, anchor: f32, score: f32, cls: f32| [anchor, 2.0 * anchor, 3.0, 4.0, score, cls, pic, anchor];
+        let rows: Vec<f32> = [row(1.0, 7.0, 0.5, 2.0), row(0.0, 9.0, 0.6, 0.0), row(1.0, 3.0, 0.7, 1.0), row(5.0, 1.0, 0.9, 0.0), row(0.0, 2.0, 0.8, 3.0)].concat();
+        let per = candidates_from_rows(&rows, 3);
+        assert_eq!(per.len(), 3);
+        let anchors = |l: &Vec<Candidate>| l.iter().map(|c| c.xywh[0] as usize).collect::<Vec<_>>();
+        assert_eq!(anchors(&per[0]), vec![2, 9]);
+        assert_eq!(anchors(&per[1]), vec![3, 7]);
+        assert!(per[2].is_empty());
+        assert_eq!(per[1][0], Candidate { xywh: [3.0, 6.0, 3.0, 4.0], score: 0.7, class_id: 1 });
+        // a partial row at the end is ignored
+        assert_eq!(candidates_from_rows(&rows[..DEVICE_ROW + 3], 3)[1].len(), 1);
     }
 
     #[test]

@@ -9,12 +9,12 @@ use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Device, Storage, Tensor};
 
-use crate::postprocess::Candidate;
+use crate::postprocess::{self, Candidate};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/candidates.ptx"));
 const MODULE: &str = "yolo_edge_candidates";
 /// Floats per survivor: x, y, w, h, score, class, picture, anchor.
-const ROW: usize = 8;
+const ROW: usize = postprocess::DEVICE_ROW;
 
 /// Candidates above `conf` for every picture of a raw output `(B, 4 + nc, A)` on a CUDA device,
 /// each picture's in anchor order; `None` when `raw` is not on a CUDA device.
@@ -68,21 +68,6 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::R
     }
     drop(storage);
     let n = (dev.clone_dtoh(&count)?[0] as usize).min(total);
-    let mut per: Vec<Vec<(usize, Candidate)>> = vec![Vec::new(); b];
-    if n > 0 {
-        let rows = dev.clone_dtoh(&out.slice(..n * ROW))?;
-        for r in rows.chunks_exact(ROW) {
-            let (pic, anchor) = (r[6] as usize, r[7] as usize);
-            if let Some(list) = per.get_mut(pic) {
-                list.push((anchor, Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }));
-            }
-        }
-    }
-    Ok(per
-        .into_iter()
-        .map(|mut l| {
-            l.sort_unstable_by_key(|e| e.0);
-            l.into_iter().map(|e| e.1).collect()
-        })
-        .collect())
+    let rows = if n > 0 { dev.clone_dtoh(&out.slice(..n * ROW))? } else { Vec::new() };
+    Ok(postprocess::candidates_from_rows(&rows, b))
 }
