@@ -12,7 +12,8 @@
 //! Plans live per thread (cuDNN handles are not thread-safe; the agent runs one inference thread
 //! per device). The workspace of each call comes from candle's pool, so the memory planner sees
 //! it. (A workspace kept between calls was tried on the H200 in session 5: peaks grew, e.g.
-//! yolov9c batch 256 17.1 -> 21.3 GiB, and the planner's choices under 4 GiB shrank by 15-25 %.)
+//! yolov9c batch 256 17.1 -> 21.3 GiB, and the planner's choices shrank, e.g. yolov9e under
+//! 8 GiB 63 -> 46.)
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
