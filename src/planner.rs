@@ -743,7 +743,6 @@ mod tests {
         let soak = prober.soak(plan.batch.min(4), 3, 600.0).unwrap();
         assert_eq!((soak.passes, soak.oom), (3, 0));
         assert_eq!(soak.stages.batches, STAGE_PASSES);
-        assert!(soak.stages.model_ms > 0.0 && soak.stages.upload_ms >= 0.0 && soak.stages.candidates_ms >= 0.0, "{:?}", soak.stages);
-        assert!(soak.seconds > 0.0);
+        assert!(soak.stages.model_ms > 0.0 && soak.stages.upload_ms > 0.0, "{:?}", soak.stages);
     }
 }

@@ -468,19 +468,32 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
 
+/// A broker, a collector on all of the agent's topics, and an agent at startup batch `batch`
+/// (quiet period 0.3 s) with the test-only OOM injector set to `inject`, online. `None` without
+/// Mosquitto.
+fn start_injected(dir: &std::path::Path, batch: usize, inject: &str) -> Option<(Broker, Collector, AgentConf, Agent)> {
+    let broker = Broker::start(&dir.join("broker"), "")?;
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(dir, broker.port);
+    conf.batch = batch;
+    conf.max_wait_ms = 500;
+    conf.quiet_s = 0.3;
+    let cfg = dir.join("agent.toml");
+    conf.write(&cfg);
+    let agent = Agent::spawn(&cfg, &[("YOLO_EDGE_INJECT_OOM", inject)]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    Some((broker, col, conf, agent))
+}
+
+/// The (from, to) pairs of the agent's `batch_change` events, in order.
+fn batch_changes(col: &Collector) -> Vec<(u64, u64)> {
+    col.events("batch_change").iter().map(|e| (e["from"].as_u64().unwrap(), e["to"].as_u64().unwrap())).collect()
+}
+
 #[test]
 fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
-    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
-    let mut conf = AgentConf::new(tmp.path(), broker.port);
-    conf.batch = 8;
-    conf.max_wait_ms = 500;
-    conf.quiet_s = 0.3;
-    let cfg = tmp.path().join("agent.toml");
-    conf.write(&cfg);
-    let mut agent = Agent::spawn(&cfg, &[("YOLO_EDGE_INJECT_OOM", "batch>=4;until=120")]);
-    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 8, "batch>=4;until=120") else { return };
     let names = drop_images(&conf.input, 0, 300, &small_jpeg("horses.jpg", 64));
     wait_until(T, "300 detections", || col.detections().len() >= 300);
     wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == 300);
@@ -496,7 +509,7 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     assert!(first8.is_some_and(|i| i > first2), "recovered to batch 8 after the injector stopped: {sizes:?}");
     let ooms = col.events("oom_fallback");
     assert!(ooms.iter().any(|e| e["batch"] == 8) && ooms.iter().any(|e| e["batch"] == 4), "{ooms:?}");
-    let changes: Vec<(u64, u64)> = col.events("batch_change").iter().map(|e| (e["from"].as_u64().unwrap(), e["to"].as_u64().unwrap())).collect();
+    let changes = batch_changes(&col);
     assert!(changes.contains(&(8, 4)) && changes.contains(&(4, 2)), "halving: {changes:?}");
     assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 8)), "recovery one step at a time: {changes:?}");
     let tel = col.on("/telemetry");
@@ -510,23 +523,14 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
 #[test]
 fn oom_fallback_from_an_odd_batch_recovers_to_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
-    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
-    let mut conf = AgentConf::new(tmp.path(), broker.port);
-    conf.batch = 5;
-    conf.max_wait_ms = 500;
-    conf.quiet_s = 0.3;
-    let cfg = tmp.path().join("agent.toml");
-    conf.write(&cfg);
-    let mut agent = Agent::spawn(&cfg, &[("YOLO_EDGE_INJECT_OOM", "batch>=3;until=60")]);
-    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 5, "batch>=3;until=60") else { return };
     let names = drop_images(&conf.input, 0, 200, &small_jpeg("horses.jpg", 64));
     wait_until(T, "200 detections", || col.detections().len() >= 200);
     std::thread::sleep(Duration::from_millis(300));
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     assert_eq!(dets.len(), 200, "every frame exactly once");
     assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "in order");
-    let changes: Vec<(u64, u64)> = col.events("batch_change").iter().map(|e| (e["from"].as_u64().unwrap(), e["to"].as_u64().unwrap())).collect();
+    let changes = batch_changes(&col);
     assert!(changes.contains(&(5, 3)) && changes.contains(&(3, 2)), "larger half kept: {changes:?}");
     assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 5)), "back to the startup batch: {changes:?}");
     let sizes: Vec<u64> = dets.iter().map(|v| v["batch_size"].as_u64().unwrap()).collect();
