@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab graphab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -72,14 +72,17 @@ if has startup; then
 fi
 
 if has parity; then
-  say "## parity (yolov9t-ball.pt, horses + volleyball-court)"
+  # batch 2 runs the eager pass; batch 1 replays the captured CUDA graph (as the agent does)
+  for pb in ${PARITY_BATCHES:-2 1}; do
+  say "## parity (yolov9t-ball.pt, horses + volleyball-court, batch $pb)"
   for i in horses volleyball-court; do "$BIN" letterbox ""$DEV"/$i.jpg" --imgsz 640 --out "$W/lb-$i.npy" 2>>"$W/parity.log"; done
   for dt in f32 f16; do
-    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --batch 2 --conf "${PARITY_CONF:-0.01}" --raw-out "$W/raw-$dt.npy" --json "$W/dets-$dt.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
+    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --batch $pb --conf "${PARITY_CONF:-0.01}" --raw-out "$W/raw-$dt-b$pb.npy" --json "$W/dets-$dt-b$pb.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
   done
   timeout 300 python3 "$HERE/gpu_parity.py" --lb "$W/lb-horses.npy" "$W/lb-volleyball-court.npy" --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
-    --ours-f32 "$W/raw-f32.npy" --ours-f16 "$W/raw-f16.npy" --dets-f16 "$W/dets-f16.jsonl" --model "$DEV"/yolov9t-ball.pt --conf "${PARITY_CONF:-0.01}" --out "$W/parity.json" 2>>"$W/parity.log" | tee -a "$SUM"
+    --ours-f32 "$W/raw-f32-b$pb.npy" --ours-f16 "$W/raw-f16-b$pb.npy" --dets-f16 "$W/dets-f16-b$pb.jsonl" --model "$DEV"/yolov9t-ball.pt --conf "${PARITY_CONF:-0.01}" --out "$W/parity-b$pb.json" 2>>"$W/parity.log" | tee -a "$SUM"
   tail -3 "$W/parity.log"
+  done
 fi
 
 if has bench; then
@@ -104,6 +107,12 @@ if has ab; then
     IFS=: read -r name conv epi <<<"$m"
     ab_bench "ab-$name" "${AB_BATCHES:-1,32,128}" YOLO_EDGE_CONV="$conv" YOLO_EDGE_EPILOGUE="$epi"
   done
+fi
+
+if has graphab; then
+  say "## A/B, same binary: batch 1 eager (YOLO_EDGE_CUDA_GRAPH=0) -> replayed as one captured CUDA graph (default)"
+  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-off "${GRAPH_BATCHES:-1}" YOLO_EDGE_CUDA_GRAPH=0
+  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-on "${GRAPH_BATCHES:-1}" YOLO_EDGE_CUDA_GRAPH=1
 fi
 
 if has wsab; then

@@ -128,6 +128,8 @@ pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>)
         None
     };
     let decision = startup_batch(&cfg, &detector)?;
+    // after the plan, which measures the eager passes: single-frame batches replay a CUDA graph
+    detector.use_graphs(true);
     if let Some(p) = &decision.plan {
         for r in &p.reasons {
             tracing::info!(reason = %r, "batch plan");
@@ -352,6 +354,7 @@ async fn watch_config(
             let loaded = tokio::task::spawn_blocking(move || load_detector(&c, &d, dtype)).await;
             match loaded {
                 Ok(Ok(det)) => {
+                    det.use_graphs(true);
                     let control = control.clone();
                     let sent = tokio::task::spawn_blocking(move || control.send(Control::SwapModel(Box::new(det)))).await;
                     if !matches!(sent, Ok(Ok(()))) {

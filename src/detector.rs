@@ -19,10 +19,29 @@ fn device_candidates() -> bool {
     *ON.get_or_init(|| std::env::var("YOLO_EDGE_CANDIDATES").as_deref() != Ok("host"))
 }
 
+/// Whether CUDA graphs may be used at all (`YOLO_EDGE_CUDA_GRAPH=0`: never, for A/B runs).
+#[cfg(feature = "cuda")]
+fn graphs_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("YOLO_EDGE_CUDA_GRAPH").as_deref() != Ok("0"))
+}
+
+/// The batch-1 CUDA graph of a detector: not captured yet, captured, or given up on.
+#[cfg(feature = "cuda")]
+enum Graph {
+    None,
+    Ready(crate::model::gpu_graph::GraphedForward),
+    Failed,
+}
+
 pub struct Detector {
     model: YoloV9,
     imgsz: usize,
     uploader: Uploader,
+    /// Batch-1 passes on CUDA replay one captured graph ([`Detector::use_graphs`]).
+    graphs: std::sync::atomic::AtomicBool,
+    #[cfg(feature = "cuda")]
+    graph: std::sync::Mutex<Graph>,
 }
 
 impl Detector {
@@ -34,11 +53,25 @@ impl Detector {
         if imgsz == 0 || imgsz % 32 != 0 {
             return Err(ModelError::Architecture(format!("imgsz {imgsz} is not a positive multiple of 32")));
         }
-        Ok(Self { model, imgsz, uploader: Uploader::default() })
+        Ok(Self::from_model(model, imgsz))
     }
 
     pub fn from_model(model: YoloV9, imgsz: usize) -> Self {
-        Self { model, imgsz, uploader: Uploader::default() }
+        Self {
+            model,
+            imgsz,
+            uploader: Uploader::default(),
+            graphs: false.into(),
+            #[cfg(feature = "cuda")]
+            graph: std::sync::Mutex::new(Graph::None),
+        }
+    }
+
+    /// Lets batch-1 passes on CUDA run as one captured CUDA graph (off by default: the planner
+    /// measures the stream pool, where a graph's memory does not show). A capture or launch that
+    /// fails is logged once and the detector goes on eagerly. No effect on the CPU.
+    pub fn use_graphs(&self, on: bool) {
+        self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -68,13 +101,62 @@ impl Detector {
             parts.push(lb.pixels.as_slice());
         }
         let x = self.uploader.upload(&parts, (batch.len(), s, s, 3), self.device())?;
-        // u8 -> dtype and /255 on the device, NHWC -> NCHW
+        // u8 -> dtype and /255 on the device, NHWC -> NCHW: on CUDA one kernel
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return crate::model::gpu_input::normalize(&x, self.dtype());
+        }
         x.to_dtype(self.dtype())?.permute((0, 3, 1, 2))?.contiguous()? / 255.0
     }
 
     /// The reference's raw output `(B, 4 + nc, anchors)` for a batch.
     pub fn raw(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
-        self.model.forward(&self.input(batch)?)
+        self.forward(&self.input(batch)?)
+    }
+
+    /// The network on a normalised input `(B, 3, S, S)`: at batch 1 on CUDA with graphs on
+    /// ([`Detector::use_graphs`]), one graph launch; otherwise the model's eager pass.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(y) = self.graphed(x) {
+            return Ok(y);
+        }
+        self.model.forward(x)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn graphed(&self, x: &Tensor) -> Option<Tensor> {
+        use crate::model::gpu_graph::GraphedForward;
+        if !self.graphs.load(std::sync::atomic::Ordering::Relaxed) || !x.device().is_cuda() || x.dim(0).ok()? != 1 || !graphs_allowed() {
+            return None;
+        }
+        let mut g = self.graph.lock().ok()?;
+        if matches!(*g, Graph::Failed) {
+            return None;
+        }
+        if !matches!(&*g, Graph::Ready(gf) if gf.fits(x)) {
+            *g = Graph::None; // the old graph's memory goes before a new capture
+            match GraphedForward::capture(&self.model, x) {
+                Ok(gf) => {
+                    tracing::info!(shape = ?x.dims(), graph_pool_mib = gf.graph_reserved().map(|b| b >> 20), "batch-1 pass captured as a CUDA graph");
+                    *g = Graph::Ready(gf);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "CUDA graph capture failed; batch-1 passes run eagerly from now on");
+                    *g = Graph::Failed;
+                    return None;
+                }
+            }
+        }
+        let Graph::Ready(gf) = &*g else { return None };
+        match gf.run(x) {
+            Ok(y) => Some(y),
+            Err(e) => {
+                tracing::warn!(error = %e, "CUDA graph launch failed; batch-1 passes run eagerly from now on");
+                *g = Graph::Failed;
+                None
+            }
+        }
     }
 
     /// Candidates above `conf` for every picture of a raw output, in anchor order. On CUDA the

@@ -256,14 +256,26 @@ mod cuda {
         pool_usage(d)
     }
 
+    fn graph_get(d: &CudaDevice, attr: sys::CUgraphMem_attribute) -> Result<u64, DevMemError> {
+        let mut v: u64 = 0;
+        let dev = d.cuda_stream().context().cu_device();
+        // SAFETY: these attributes are cuuint64_t values written into a local.
+        check("cuDeviceGetGraphMemAttribute", unsafe { sys::cuDeviceGetGraphMemAttribute(dev, attr, &mut v as *mut u64 as *mut _) })?;
+        Ok(v)
+    }
+
+    /// The stream pool candle allocates from plus the device's graph memory pool (where a
+    /// captured CUDA graph's activations live; 0 when no graph was launched). The two high-water
+    /// marks are summed: an upper bound of the joint peak.
     pub fn pool_usage(d: &CudaDevice) -> Result<Usage, DevMemError> {
         let p = pool(d)?;
+        use sys::CUgraphMem_attribute as G;
         use sys::CUmemPool_attribute as A;
         Ok(Usage {
-            used: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-            reserved: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-            used_high: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-            reserved_high: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
+            reserved: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
+            used_high: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)?,
+            reserved_high: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
         })
     }
 
@@ -275,6 +287,12 @@ mod cuda {
             let mut zero: u64 = 0;
             // SAFETY: the high-water attributes may only be set to 0, which resets them.
             check("cuMemPoolSetAttribute", unsafe { sys::cuMemPoolSetAttribute(p, a, &mut zero as *mut u64 as *mut _) })?;
+        }
+        let dev = d.cuda_stream().context().cu_device();
+        for a in [sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH] {
+            let mut zero: u64 = 0;
+            // SAFETY: as above, for the device's graph memory pool.
+            check("cuDeviceSetGraphMemAttribute", unsafe { sys::cuDeviceSetGraphMemAttribute(dev, a, &mut zero as *mut u64 as *mut _) })?;
         }
         Ok(())
     }
@@ -297,7 +315,10 @@ mod cuda {
         d.cuda_stream().synchronize().map_err(err("cuStreamSynchronize"))?;
         let p = pool(d)?;
         // SAFETY: trims unused reserved memory of a live pool down to 0 bytes kept.
-        check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(p, 0) })
+        check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(p, 0) })?;
+        // and what graphs hold between launches (remapped at their next launch)
+        // SAFETY: a live device handle; frees only graph memory no running graph uses.
+        check("cuDeviceGraphMemTrim", unsafe { sys::cuDeviceGraphMemTrim(d.cuda_stream().context().cu_device()) })
     }
 }
 

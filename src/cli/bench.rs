@@ -131,7 +131,7 @@ enum Work<'a> {
 fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
     match w {
         Work::Model(x) => {
-            let y = det.model().forward(x)?;
+            let y = det.forward(x)?;
             det.device().synchronize()?;
             Ok(y.dim(0)?)
         }
@@ -256,6 +256,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             let st = startup::warm_up(&det, load_ms).context("first forward pass")?;
             eprintln!("{name} {}: load {:.0} ms, first forward {:.1} ms, second {:.1} ms", device::dtype_name(dtype), st.load_ms, st.first_forward_ms, st.second_forward_ms);
             starts.push(serde_json::json!({"model": name, "dtype": device::dtype_name(dtype), "startup": st}));
+            // batch 1 on CUDA replays a captured graph, as in the agent (YOLO_EDGE_CUDA_GRAPH=0: eager)
+            det.use_graphs(true);
             for mode in &modes {
                 for &b in &batches {
                     let row = bench_batch(&det, &meter, &name, mode, b, &images, &a);

@@ -59,6 +59,7 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
     let dev = device::parse_device(&a.device)?;
     let dtype = device::parse_dtype(&a.dtype, &dev)?;
     let det = Detector::load(&a.model, &dev, dtype, Some(a.imgsz)).with_context(|| format!("loading model {}", a.model.display()))?;
+    det.use_graphs(true); // batch 1 on CUDA replays a captured graph (YOLO_EDGE_CUDA_GRAPH=0: eager)
     let th = Thresholds { conf: a.conf, iou: a.iou, max_det: a.max_det };
     let mut json: Option<Box<dyn Write>> = match &a.json {
         Some(p) if p.as_os_str() == "-" => Some(Box::new(std::io::stdout().lock())),

@@ -12,6 +12,10 @@ pub(crate) mod cudnn_conv;
 pub(crate) mod gpu_candidates;
 #[cfg(feature = "cuda")]
 mod gpu_epilogue;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu_graph;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu_input;
 pub mod head;
 
 use std::collections::HashMap;

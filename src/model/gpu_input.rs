@@ -1,0 +1,70 @@
+//! The network input on CUDA in one kernel: uploaded u8 pictures `(B, S, S, 3)` become the
+//! normalised `(B, 3, S, S)` input (`kernels/input.cu`).
+//!
+//! candle's chain for the same (`to_dtype`, `permute` + `contiguous`, `/ 255`) is three launches
+//! and leaves three full-size tensors in the pool per batch, freed in an order that fragments it;
+//! this is one launch and one tensor.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/input.ptx"));
+const MODULE: &str = "yolo_edge_input";
+
+/// `x / 255` as `dtype` (f16 or f32), NHWC u8 -> NCHW, for `x` on a CUDA device.
+pub fn normalize(x: &Tensor, dtype: DType) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&Normalize { dtype })
+}
+
+struct Normalize {
+    dtype: DType,
+}
+
+impl CustomOp1 for Normalize {
+    fn name(&self) -> &'static str {
+        "normalize-input"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("normalize-input: CUDA only")
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (b, h, w, c) = l.shape().dims4()?;
+        if c != 3 || !l.is_contiguous() {
+            candle_core::bail!("normalize-input: expected contiguous (B, H, W, 3) pictures, got {:?}", l.shape());
+        }
+        let pixels = b * h * w;
+        if pixels * 3 > u32::MAX as usize {
+            candle_core::bail!("normalize-input: {b} pictures of {h}x{w} is more than one launch indexes");
+        }
+        let slice = match self.dtype {
+            DType::F16 => CudaStorageSlice::F16(go::<half::f16>(x, l, "normalize_f16", pixels, h * w)?),
+            DType::F32 => CudaStorageSlice::F32(go::<f32>(x, l, "normalize_f32", pixels, h * w)?),
+            dt => candle_core::bail!("normalize-input: unsupported dtype {dt:?}"),
+        };
+        Ok((CudaStorage { slice, device: x.device().clone() }, Shape::from((b, 3, h, w))))
+    }
+}
+
+fn go<T: DeviceRepr>(x: &CudaStorage, l: &Layout, kernel: &str, pixels: usize, hw: usize) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
+    let dev = x.device();
+    let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
+    let xv = x.as_cuda_slice::<u8>()?.slice(l.start_offset()..);
+    // SAFETY: every element (3 per pixel) is written by the kernel below.
+    let out = unsafe { dev.alloc::<T>(pixels * 3)? };
+    let blocks = pixels.div_ceil(256).clamp(1, 1 << 20) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (pixels, hw) = (pixels as u32, hw as u32);
+    let mut builder = func.builder();
+    builder.arg(&xv);
+    builder.arg(&pixels);
+    builder.arg(&hw);
+    builder.arg(&out);
+    // SAFETY: argument list matches `kernels/input.cu`; the input holds 3 bytes per pixel from its
+    // offset (contiguous), the output 3 elements per pixel.
+    unsafe { builder.launch(cfg) }.w()?;
+    Ok(out)
+}
