@@ -256,12 +256,18 @@ mod cuda {
         pool_usage(d)
     }
 
-    fn graph_get(d: &CudaDevice, attr: sys::CUgraphMem_attribute) -> Result<u64, DevMemError> {
+    /// A graph memory pool attribute; 0 where the driver cannot say (graph memory nodes need
+    /// CUDA 11.4+), so that the stream pool's figures still come through.
+    fn graph_get(d: &CudaDevice, attr: sys::CUgraphMem_attribute) -> u64 {
         let mut v: u64 = 0;
         let dev = d.cuda_stream().context().cu_device();
         // SAFETY: these attributes are cuuint64_t values written into a local.
-        check("cuDeviceGetGraphMemAttribute", unsafe { sys::cuDeviceGetGraphMemAttribute(dev, attr, &mut v as *mut u64 as *mut _) })?;
-        Ok(v)
+        let r = unsafe { sys::cuDeviceGetGraphMemAttribute(dev, attr, &mut v as *mut u64 as *mut _) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            v
+        } else {
+            0
+        }
     }
 
     /// The stream pool candle allocates from plus the device's graph memory pool (where a
@@ -272,10 +278,10 @@ mod cuda {
         use sys::CUgraphMem_attribute as G;
         use sys::CUmemPool_attribute as A;
         Ok(Usage {
-            used: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
-            reserved: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
-            used_high: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)?,
-            reserved_high: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
+            used: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+            reserved: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+            used_high: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH),
+            reserved_high: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH),
         })
     }
 
@@ -291,8 +297,8 @@ mod cuda {
         let dev = d.cuda_stream().context().cu_device();
         for a in [sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH] {
             let mut zero: u64 = 0;
-            // SAFETY: as above, for the device's graph memory pool.
-            check("cuDeviceSetGraphMemAttribute", unsafe { sys::cuDeviceSetGraphMemAttribute(dev, a, &mut zero as *mut u64 as *mut _) })?;
+            // SAFETY: as above, for the device's graph memory pool (best effort, see graph_get).
+            let _ = unsafe { sys::cuDeviceSetGraphMemAttribute(dev, a, &mut zero as *mut u64 as *mut _) };
         }
         Ok(())
     }
@@ -316,9 +322,10 @@ mod cuda {
         let p = pool(d)?;
         // SAFETY: trims unused reserved memory of a live pool down to 0 bytes kept.
         check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(p, 0) })?;
-        // and what graphs hold between launches (remapped at their next launch)
+        // and what graphs hold between launches (remapped at their next launch; best effort)
         // SAFETY: a live device handle; frees only graph memory no running graph uses.
-        check("cuDeviceGraphMemTrim", unsafe { sys::cuDeviceGraphMemTrim(d.cuda_stream().context().cu_device()) })
+        let _ = unsafe { sys::cuDeviceGraphMemTrim(d.cuda_stream().context().cu_device()) };
+        Ok(())
     }
 }
 
