@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -296,11 +296,8 @@ type FrameResult = Result<(Vec<Detection>, usize, f64), String>;
 impl Worker {
     fn run(mut self, batches: Receiver<Vec<Decoded>>, control: Receiver<Control>, results: mpsc::Sender<Outcome>) {
         loop {
-            loop {
-                match control.try_recv() {
-                    Ok(Control::SwapModel(d)) => self.swap(*d),
-                    Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => break,
-                }
+            while let Ok(Control::SwapModel(d)) = control.try_recv() {
+                self.swap(*d);
             }
             self.maybe_probe_up();
             let items = match batches.recv_timeout(Duration::from_millis(100)) {

@@ -121,8 +121,8 @@ pub fn paint(img: &mut RgbImage, shape: Shape, cx: f64, cy: f64, r: f64, angle: 
             let a = coverage(&*inside, x, y);
             if a > 0.0 {
                 let p = img.get_pixel_mut(x, y);
-                for c in 0..3 {
-                    p.0[c] = (p.0[c] as f64 * (1.0 - a) + colour[c] as f64 * a).round() as u8;
+                for (v, &k) in p.0.iter_mut().zip(&colour) {
+                    *v = (*v as f64 * (1.0 - a) + k as f64 * a).round() as u8;
                 }
             }
         }

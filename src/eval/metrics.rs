@@ -295,8 +295,11 @@ mod tests {
         LabeledBox { class_id: c, bbox: [x1, y1, x2, y2] }
     }
 
+    /// One image: (predictions with scores, ground truth).
+    type Image = (Vec<(LabeledBox, f64)>, Vec<LabeledBox>);
+
     /// Runs one image through matching and the AP computation.
-    fn evaluate(images: &[(Vec<(LabeledBox, f64)>, Vec<LabeledBox>)]) -> Summary {
+    fn evaluate(images: &[Image]) -> Summary {
         let mut preds = Vec::new();
         let mut targets = Vec::new();
         for (p, g) in images {

@@ -368,6 +368,8 @@ impl Module for RepCsp {
 }
 
 /// One of RepNCSPELAN4's two inner branches: `Sequential(RepCSP, Conv 3x3)` or ELAN1's `Conv 3x3`.
+// built once at load and never moved in the hot path: boxing the large variant buys nothing
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 enum ElanBranch {
     Csp(RepCsp, Conv),

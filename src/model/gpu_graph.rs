@@ -25,11 +25,15 @@ pub struct GraphedForward {
     output: Tensor,
     graph: CudaGraph,
     dev: CudaDevice,
+    /// The capturing thread: the graph's kernels read layout arguments from candle's
+    /// thread-local upload cache, and candle's stream is that thread's per-thread stream, so
+    /// the graph is only launched there.
+    thread: std::thread::ThreadId,
 }
 
 // SAFETY: `CudaGraph` holds raw driver handles and is not thread safe. A `GraphedForward` is
-// only used behind the detector's mutex, so no two threads touch the graph at once; the driver
-// allows a graph made on one thread to be launched from another.
+// only used behind the detector's mutex, so no two threads touch the graph at once, and `run`
+// refuses to launch it from any thread but the one that captured it.
 unsafe impl Send for GraphedForward {}
 
 fn derr(what: &str) -> impl Fn(candle_core::cuda_backend::cudarc::driver::DriverError) -> candle_core::Error + '_ {
@@ -55,16 +59,19 @@ impl GraphedForward {
         captured?;
         let graph = graph.map_err(derr("end capture"))?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
         graph.upload().map_err(derr("upload"))?;
-        Ok(Self { input, output, graph, dev })
+        Ok(Self { input, output, graph, dev, thread: std::thread::current().id() })
     }
 
-    /// Whether this graph was captured for inputs shaped and typed like `x`.
+    /// Whether this graph was captured for inputs shaped and typed like `x`, on this thread.
     pub fn fits(&self, x: &Tensor) -> bool {
-        x.dims() == self.input.dims() && x.dtype() == self.input.dtype() && x.device().same_device(self.input.device())
+        x.dims() == self.input.dims() && x.dtype() == self.input.dtype() && x.device().same_device(self.input.device()) && std::thread::current().id() == self.thread
     }
 
     /// The forward pass of `x` (shaped like the captured input) by one graph launch.
     pub fn run(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if std::thread::current().id() != self.thread {
+            candle_core::bail!("CUDA graph captured on another thread");
+        }
         self.input.slice_set(&x.contiguous()?, 0, 0)?;
         self.graph.launch().map_err(derr("launch"))?;
         self.output.copy()

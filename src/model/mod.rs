@@ -122,6 +122,8 @@ pub struct ModelInfo {
     pub path: String,
 }
 
+// built once at load and never moved in the hot path: boxing the large variants buys nothing
+#[allow(clippy::large_enum_variant)]
 enum Layer {
     Identity,
     Conv(Conv),
