@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab graphab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab graphab graphallab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -113,6 +113,13 @@ if has graphab; then
   say "## A/B, same binary: batch 1 eager (YOLO_EDGE_CUDA_GRAPH=0) -> replayed as one captured CUDA graph (default)"
   AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-off "${GRAPH_BATCHES:-1}" YOLO_EDGE_CUDA_GRAPH=0
   AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-on "${GRAPH_BATCHES:-1}" YOLO_EDGE_CUDA_GRAPH=1
+fi
+
+if has graphallab; then
+  # the experiment of YOLO_EDGE_CUDA_GRAPH=all: every batch size replayed as its own graph
+  say "## A/B, same binary: batches > 1 eager (default) -> each batch size replayed as a captured CUDA graph (YOLO_EDGE_CUDA_GRAPH=all)"
+  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graphall-off "${GRAPHALL_BATCHES:-8,32,128}" YOLO_EDGE_CUDA_GRAPH=1
+  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graphall-on "${GRAPHALL_BATCHES:-8,32,128}" YOLO_EDGE_CUDA_GRAPH=all
 fi
 
 if has wsab; then

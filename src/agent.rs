@@ -127,8 +127,13 @@ pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>)
     } else {
         None
     };
+    // with YOLO_EDGE_CUDA_GRAPH=all (an experiment) every batch size is a graph, and the plan
+    // measures those; by default the plan measures eager passes and only single-frame batches
+    // replay a graph, from here on
+    if crate::detector::graph_policy() == crate::detector::GraphPolicy::All {
+        detector.use_graphs(true);
+    }
     let decision = startup_batch(&cfg, &detector)?;
-    // after the plan, which measures the eager passes: single-frame batches replay a CUDA graph
     detector.use_graphs(true);
     if let Some(p) = &decision.plan {
         for r in &p.reasons {

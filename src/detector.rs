@@ -19,19 +19,37 @@ fn device_candidates() -> bool {
     *ON.get_or_init(|| std::env::var("YOLO_EDGE_CANDIDATES").as_deref() != Ok("host"))
 }
 
-/// Whether CUDA graphs may be used at all (`YOLO_EDGE_CUDA_GRAPH=0`: never, for A/B runs).
-#[cfg(feature = "cuda")]
-fn graphs_allowed() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("YOLO_EDGE_CUDA_GRAPH").as_deref() != Ok("0"))
+/// Which batches replay a captured CUDA graph once a detector's graphs are on
+/// ([`Detector::use_graphs`]), from `YOLO_EDGE_CUDA_GRAPH`: `0` none (for A/B runs); unset or `1`
+/// batch 1 only (measured, the default); `all` every batch size, one graph each, at most
+/// [`MAX_GRAPHS`] kept (an experiment: the driver lays a graph's memory out once, which may make
+/// peaks follow the batch more closely than the stream pool's placement does; not yet measured).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum GraphPolicy {
+    Off,
+    Batch1,
+    All,
 }
 
-/// The batch-1 CUDA graph of a detector: not captured yet, captured, or given up on.
+pub fn graph_policy() -> GraphPolicy {
+    static P: std::sync::OnceLock<GraphPolicy> = std::sync::OnceLock::new();
+    *P.get_or_init(|| match std::env::var("YOLO_EDGE_CUDA_GRAPH").as_deref() {
+        Ok("0") => GraphPolicy::Off,
+        Ok("all") => GraphPolicy::All,
+        _ => GraphPolicy::Batch1,
+    })
+}
+
+/// Graphs kept per detector with `YOLO_EDGE_CUDA_GRAPH=all` (the oldest goes first).
 #[cfg(feature = "cuda")]
-enum Graph {
-    None,
-    Ready(crate::model::gpu_graph::GraphedForward),
-    Failed,
+const MAX_GRAPHS: usize = 4;
+
+/// A detector's captured CUDA graphs, or that it gave up on them.
+#[cfg(feature = "cuda")]
+#[derive(Default)]
+struct Graphs {
+    kept: Vec<crate::model::gpu_graph::GraphedForward>,
+    failed: bool,
 }
 
 pub struct Detector {
@@ -41,7 +59,7 @@ pub struct Detector {
     /// Batch-1 passes on CUDA replay one captured graph ([`Detector::use_graphs`]).
     graphs: std::sync::atomic::AtomicBool,
     #[cfg(feature = "cuda")]
-    graph: std::sync::Mutex<Graph>,
+    graph: std::sync::Mutex<Graphs>,
 }
 
 impl Detector {
@@ -63,7 +81,7 @@ impl Detector {
             uploader: Uploader::default(),
             graphs: false.into(),
             #[cfg(feature = "cuda")]
-            graph: std::sync::Mutex::new(Graph::None),
+            graph: std::sync::Mutex::new(Graphs::default()),
         }
     }
 
@@ -127,33 +145,45 @@ impl Detector {
     #[cfg(feature = "cuda")]
     fn graphed(&self, x: &Tensor) -> Option<Tensor> {
         use crate::model::gpu_graph::GraphedForward;
-        if !self.graphs.load(std::sync::atomic::Ordering::Relaxed) || !x.device().is_cuda() || x.dim(0).ok()? != 1 || !graphs_allowed() {
+        let b = x.dim(0).ok()?;
+        let policy = graph_policy();
+        if !self.graphs.load(std::sync::atomic::Ordering::Relaxed) || !x.device().is_cuda() || policy == GraphPolicy::Off || (policy == GraphPolicy::Batch1 && b != 1) {
             return None;
         }
         let mut g = self.graph.lock().ok()?;
-        if matches!(*g, Graph::Failed) {
+        if g.failed {
             return None;
         }
-        if !matches!(&*g, Graph::Ready(gf) if gf.fits(x)) {
-            *g = Graph::None; // the old graph's memory goes before a new capture
-            match GraphedForward::capture(&self.model, x) {
-                Ok(gf) => {
-                    tracing::info!(shape = ?x.dims(), graph_pool_mib = gf.graph_reserved().map(|b| b >> 20), "batch-1 pass captured as a CUDA graph");
-                    *g = Graph::Ready(gf);
+        let i = match g.kept.iter().position(|gf| gf.fits(x)) {
+            Some(i) => i,
+            None => {
+                // a graph of this batch for another shape or thread, and past the cap the oldest,
+                // go (with their memory) before the new capture
+                g.kept.retain(|gf| gf.batch() != b);
+                if g.kept.len() >= MAX_GRAPHS {
+                    g.kept.remove(0);
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "CUDA graph capture failed; batch-1 passes run eagerly from now on");
-                    *g = Graph::Failed;
-                    return None;
+                match GraphedForward::capture(&self.model, x) {
+                    Ok(gf) => {
+                        tracing::info!(shape = ?x.dims(), graph_pool_mib = gf.graph_reserved().map(|b| b >> 20), "batch-{b} pass captured as a CUDA graph");
+                        g.kept.push(gf);
+                        g.kept.len() - 1
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "CUDA graph capture failed; passes run eagerly from now on");
+                        g.failed = true;
+                        g.kept.clear();
+                        return None;
+                    }
                 }
             }
-        }
-        let Graph::Ready(gf) = &*g else { return None };
-        match gf.run(x) {
+        };
+        match g.kept[i].run(x) {
             Ok(y) => Some(y),
             Err(e) => {
-                tracing::warn!(error = %e, "CUDA graph launch failed; batch-1 passes run eagerly from now on");
-                *g = Graph::Failed;
+                tracing::warn!(error = %e, "CUDA graph launch failed; passes run eagerly from now on");
+                g.failed = true;
+                g.kept.clear();
                 None
             }
         }

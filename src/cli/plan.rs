@@ -158,6 +158,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let (name, det) = super::bench::load(&a.model, &dev, dtype, a.imgsz, a.seed)?;
     let st = startup::warm_up(&det, t0.elapsed().as_secs_f64() * 1e3).context("first forward pass")?;
+    // YOLO_EDGE_CUDA_GRAPH=all (an experiment): plan, sweep and soak the graph-replayed passes the
+    // agent would then run; by default the planner measures eager passes
+    if yolo_edge::detector::graph_policy() == yolo_edge::detector::GraphPolicy::All {
+        det.use_graphs(true);
+    }
     // the budget is what is free with the model loaded and its kernels warm
     let meter = PeakMeter::new(&dev);
     meter.trim()?;

@@ -52,6 +52,11 @@ impl GraphedForward {
         let output = model.forward(&input)?.contiguous()?.copy()?;
         output.slice_set(&model.forward(&input)?.contiguous()?, 0, 0)?;
         stream.synchronize().map_err(derr("warm-up"))?;
+        if input.dim(0)? > 1 {
+            // the warm passes' activations, cached in the stream pool, would otherwise sit beside
+            // the graph's own copy of them when it is uploaded
+            crate::devmem::PeakMeter::new(x.device()).trim().map_err(|e| candle_core::Error::Msg(format!("CUDA graph: trimming the pool: {e}")))?;
+        }
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(derr("begin capture"))?;
         // the capture must be ended whatever happens inside it, or the stream stays unusable
         let captured = model.forward(&input).and_then(|y| output.slice_set(&y.contiguous()?, 0, 0));
@@ -60,6 +65,11 @@ impl GraphedForward {
         let graph = graph.map_err(derr("end capture"))?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
         graph.upload().map_err(derr("upload"))?;
         Ok(Self { input, output, graph, dev, thread: std::thread::current().id() })
+    }
+
+    /// The batch size it was captured for.
+    pub fn batch(&self) -> usize {
+        self.input.dims().first().copied().unwrap_or(0)
     }
 
     /// Whether this graph was captured for inputs shaped and typed like `x`, on this thread.
