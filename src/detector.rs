@@ -22,7 +22,7 @@ fn device_candidates() -> bool {
 /// Which batches replay a captured CUDA graph once a detector's graphs are on
 /// ([`Detector::use_graphs`]), from `YOLO_EDGE_CUDA_GRAPH`: `0` none (for A/B runs); unset or `1`
 /// batch 1 only (measured, the default); `all` every batch size, one graph each, at most
-/// [`MAX_GRAPHS`] kept (an experiment: the driver lays a graph's memory out once, which may make
+/// 4 kept (an experiment: the driver lays a graph's memory out once, which may make
 /// peaks follow the batch more closely than the stream pool's placement does; not yet measured).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum GraphPolicy {
@@ -44,12 +44,35 @@ pub fn graph_policy() -> GraphPolicy {
 #[cfg(feature = "cuda")]
 const MAX_GRAPHS: usize = 4;
 
-/// A detector's captured CUDA graphs, or that it gave up on them.
+/// After a capture or launch runs out of memory, passes run eagerly for this long before a
+/// graph is tried again (memory pressure from other tenants is usually temporary).
+#[cfg(feature = "cuda")]
+const GRAPH_RETRY_AFTER_OOM: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A detector's captured CUDA graphs, whether it gave up on them (any failure other than
+/// running out of memory), and when it may try again after running out of memory.
 #[cfg(feature = "cuda")]
 #[derive(Default)]
 struct Graphs {
     kept: Vec<crate::model::gpu_graph::GraphedForward>,
     failed: bool,
+    retry_at: Option<std::time::Instant>,
+}
+
+#[cfg(feature = "cuda")]
+impl Graphs {
+    /// Drops every graph (and its memory) after `e`: for a while when it ran out of memory, for
+    /// good otherwise.
+    fn give_up(&mut self, what: &str, e: &candle_core::Error) {
+        self.kept.clear();
+        if crate::memory::is_oom(e) {
+            self.retry_at = Some(std::time::Instant::now() + GRAPH_RETRY_AFTER_OOM);
+            tracing::warn!(error = %e, retry_s = GRAPH_RETRY_AFTER_OOM.as_secs(), "CUDA graph {what} ran out of memory; passes run eagerly until the retry");
+        } else {
+            self.failed = true;
+            tracing::warn!(error = %e, "CUDA graph {what} failed; passes run eagerly from now on");
+        }
+    }
 }
 
 pub struct Detector {
@@ -85,9 +108,10 @@ impl Detector {
         }
     }
 
-    /// Lets batch-1 passes on CUDA run as one captured CUDA graph (off by default: the planner
-    /// measures the stream pool, where a graph's memory does not show). A capture or launch that
-    /// fails is logged once and the detector goes on eagerly. No effect on the CPU.
+    /// Lets batch-1 passes on CUDA run as one captured CUDA graph ([`graph_policy`]; off by
+    /// default, so that the planner measures the eager passes). A capture or launch that fails is
+    /// logged and the detector goes on eagerly: for good, or for a minute after running out of
+    /// memory. No effect on the CPU.
     pub fn use_graphs(&self, on: bool) {
         self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
     }
@@ -151,9 +175,10 @@ impl Detector {
             return None;
         }
         let mut g = self.graph.lock().ok()?;
-        if g.failed {
+        if g.failed || g.retry_at.is_some_and(|t| std::time::Instant::now() < t) {
             return None;
         }
+        g.retry_at = None;
         let i = match g.kept.iter().position(|gf| gf.fits(x)) {
             Some(i) => i,
             None => {
@@ -170,9 +195,7 @@ impl Detector {
                         g.kept.len() - 1
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "CUDA graph capture failed; passes run eagerly from now on");
-                        g.failed = true;
-                        g.kept.clear();
+                        g.give_up("capture", &e);
                         return None;
                     }
                 }
@@ -181,9 +204,7 @@ impl Detector {
         match g.kept[i].run(x) {
             Ok(y) => Some(y),
             Err(e) => {
-                tracing::warn!(error = %e, "CUDA graph launch failed; passes run eagerly from now on");
-                g.failed = true;
-                g.kept.clear();
+                g.give_up("launch", &e);
                 None
             }
         }

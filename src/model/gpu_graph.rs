@@ -11,7 +11,8 @@
 //! pool's figures ([`GraphedForward::graph_reserved`] reads it alone).
 //!
 //! Anything that fails (capture, instantiation, launch) is an error the caller answers by
-//! running the pass eagerly; `crate::detector` does, and then stops using graphs.
+//! running the pass eagerly; `crate::detector` does, and then stops using graphs (after running
+//! out of memory: for a minute).
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{CudaDevice, Device, Tensor};
