@@ -33,11 +33,25 @@ pub enum GraphPolicy {
 
 pub fn graph_policy() -> GraphPolicy {
     static P: std::sync::OnceLock<GraphPolicy> = std::sync::OnceLock::new();
-    *P.get_or_init(|| match std::env::var("YOLO_EDGE_CUDA_GRAPH").as_deref() {
-        Ok("0") => GraphPolicy::Off,
-        Ok("all") => GraphPolicy::All,
-        _ => GraphPolicy::Batch1,
+    *P.get_or_init(|| {
+        let v = std::env::var("YOLO_EDGE_CUDA_GRAPH").ok();
+        GraphPolicy::parse(v.as_deref()).unwrap_or_else(|| {
+            tracing::warn!(value = ?v, "YOLO_EDGE_CUDA_GRAPH is not 0, 1 or all; using 1 (batch 1)");
+            GraphPolicy::Batch1
+        })
     })
+}
+
+impl GraphPolicy {
+    /// `YOLO_EDGE_CUDA_GRAPH`'s value: unset, `1` or `batch1`, `0` or `off`, `all`.
+    pub fn parse(v: Option<&str>) -> Option<Self> {
+        match v.map(str::trim) {
+            None | Some("1" | "batch1") => Some(Self::Batch1),
+            Some("0" | "off") => Some(Self::Off),
+            Some("all") => Some(Self::All),
+            Some(_) => None,
+        }
+    }
 }
 
 /// Graphs kept per detector with `YOLO_EDGE_CUDA_GRAPH=all` (the oldest goes first).
@@ -251,5 +265,19 @@ impl Detector {
         let raw = self.raw(batch)?;
         let cands = self.candidates(&raw, th.conf)?;
         Ok(cands.into_iter().zip(batch).map(|(c, lb)| postprocess::finish(c, th, &lb.geometry, &self.info().names)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GraphPolicy;
+
+    #[test]
+    fn graph_policy_values() {
+        assert_eq!(GraphPolicy::parse(None), Some(GraphPolicy::Batch1));
+        assert_eq!(GraphPolicy::parse(Some("1")), Some(GraphPolicy::Batch1));
+        assert_eq!(GraphPolicy::parse(Some(" 0 ")), Some(GraphPolicy::Off));
+        assert_eq!(GraphPolicy::parse(Some("all")), Some(GraphPolicy::All));
+        assert_eq!(GraphPolicy::parse(Some("yes")), None);
     }
 }
