@@ -132,9 +132,12 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     assert_eq!(files_in(&conf.input.join("done")), names);
     wait_until(T, "spool empty", || std::fs::read_dir(&conf.spool).unwrap().count() == 0);
     // the subscriber's side: what a persistent session receives across SIGTERM restarts also
-    // depends on the broker's own persistence; mosquitto was seen (CI, 2026-11-30, with the faster
-    // CPU path) to drop a few messages it had acknowledged, so up to 2 % may be missing here and
-    // are listed. Duplicates must carry the same picture, and first arrivals must be in order.
+    // depends on the broker's own persistence. mosquitto was seen to drop messages it had
+    // acknowledged, always a run right at a stop (2026-12-01: seq 401-452, with no limit on the
+    // messages in flight to the subscriber): those it had sent but not yet seen acknowledged when
+    // it went down. The test broker now keeps mosquitto's default window of 20 in flight per
+    // client, so at most 2 x 20 = 40 (2 %) may be missing here, and they are listed. Duplicates
+    // must carry the same picture, and first arrivals must be in order.
     let distinct = || col.detections().iter().map(|m| m.json()["seq"].as_u64().unwrap()).collect::<BTreeSet<_>>();
     let t0 = std::time::Instant::now();
     while distinct().len() < 2000 && t0.elapsed() < Duration::from_secs(30) {

@@ -64,7 +64,7 @@ impl Broker {
         std::fs::create_dir_all(dir).unwrap();
         let conf = dir.join("mosquitto.conf");
         let body = format!(
-            "listener {port} 127.0.0.1\npersistence true\npersistence_location {}/\nautosave_interval 1\nlog_dest file {}/mosquitto.log\nlog_type error\nlog_type warning\nlog_type notice\nmax_queued_messages 0\nmax_inflight_messages 0\n{}\n",
+            "listener {port} 127.0.0.1\npersistence true\npersistence_location {}/\nautosave_interval 1\nlog_dest file {}/mosquitto.log\nlog_type error\nlog_type warning\nlog_type notice\nmax_queued_messages 0\nmax_inflight_messages 20\n{}\n",
             dir.display(),
             dir.display(),
             if extra.is_empty() { "allow_anonymous true" } else { extra }
