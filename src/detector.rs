@@ -204,7 +204,7 @@ impl Detector {
                 }
                 match GraphedForward::capture(&self.model, x) {
                     Ok(gf) => {
-                        tracing::info!(shape = ?x.dims(), graph_pool_mib = gf.graph_reserved().map(|b| b >> 20), "batch-{b} pass captured as a CUDA graph");
+                        tracing::info!(shape = ?x.dims(), graph_pool_mib = crate::devmem::graph_pool_reserved(x.device()) >> 20, "batch-{b} pass captured as a CUDA graph");
                         g.kept.push(gf);
                         g.kept.len() - 1
                     }

@@ -204,6 +204,16 @@ impl PeakMeter {
 }
 
 
+/// Bytes CUDA's graph memory pool holds on `device` now (all captured graphs of the process;
+/// already part of [`PeakMeter`]'s figures); 0 elsewhere or where the driver cannot say.
+pub fn graph_pool_reserved(device: &Device) -> u64 {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => cuda::graph_get(d, candle_core::cuda_backend::cudarc::driver::sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+        _ => 0,
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     //! Driver calls through candle's re-exported cudarc.
@@ -258,7 +268,7 @@ mod cuda {
 
     /// A graph memory pool attribute; 0 where the driver cannot say (graph memory nodes need
     /// CUDA 11.4+), so that the stream pool's figures still come through.
-    fn graph_get(d: &CudaDevice, attr: sys::CUgraphMem_attribute) -> u64 {
+    pub fn graph_get(d: &CudaDevice, attr: sys::CUgraphMem_attribute) -> u64 {
         let mut v: u64 = 0;
         let dev = d.cuda_stream().context().cu_device();
         // SAFETY: these attributes are cuuint64_t values written into a local.

@@ -506,6 +506,24 @@ fn feed_until_recovered(col: &Collector, conf: &AgentConf, start: usize, startup
     names
 }
 
+/// Drops `n` pictures into an agent started by [`start_injected`], feeds more until it is back at
+/// `startup`, and checks that every frame's detection arrived exactly once and in order; returns
+/// the detections.
+fn run_through_fallback(col: &Collector, conf: &AgentConf, n: usize, startup: u64) -> Vec<serde_json::Value> {
+    let jpeg = small_jpeg("horses.jpg", 64);
+    let mut names = drop_images(&conf.input, 0, n, &jpeg);
+    wait_until(T, "the first detections", || col.detections().len() >= n);
+    names.extend(feed_until_recovered(col, conf, n, startup, &jpeg));
+    let total = names.len();
+    wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == total);
+    std::thread::sleep(Duration::from_millis(300));
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(dets.len(), total, "every frame exactly once");
+    check_seq(&dets, total);
+    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "in order");
+    dets
+}
+
 /// The (from, to) pairs of the agent's `batch_change` events, in order.
 fn batch_changes(col: &Collector) -> Vec<(u64, u64)> {
     col.events("batch_change").iter().map(|e| (e["from"].as_u64().unwrap(), e["to"].as_u64().unwrap())).collect()
@@ -515,17 +533,7 @@ fn batch_changes(col: &Collector) -> Vec<(u64, u64)> {
 fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     let tmp = tempfile::tempdir().unwrap();
     let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 8, "batch>=4;until=120") else { return };
-    let jpeg = small_jpeg("horses.jpg", 64);
-    let mut names = drop_images(&conf.input, 0, 300, &jpeg);
-    wait_until(T, "300 detections", || col.detections().len() >= 300);
-    names.extend(feed_until_recovered(&col, &conf, 300, 8, &jpeg));
-    let n = names.len();
-    wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == n);
-    std::thread::sleep(Duration::from_millis(300));
-    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
-    assert_eq!(dets.len(), n, "every frame exactly once");
-    check_seq(&dets, n);
-    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "in order");
+    let dets = run_through_fallback(&col, &conf, 300, 8);
     let sizes: Vec<u64> = dets.iter().map(|v| v["batch_size"].as_u64().unwrap()).collect();
     let first8 = sizes.iter().position(|&b| b == 8);
     let first2 = sizes.iter().position(|&b| b == 2).expect("batches of 2 after the fallback");
@@ -548,14 +556,7 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
 fn oom_fallback_from_an_odd_batch_recovers_to_it() {
     let tmp = tempfile::tempdir().unwrap();
     let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 5, "batch>=3;until=60") else { return };
-    let jpeg = small_jpeg("horses.jpg", 64);
-    let mut names = drop_images(&conf.input, 0, 200, &jpeg);
-    wait_until(T, "200 detections", || col.detections().len() >= 200);
-    names.extend(feed_until_recovered(&col, &conf, 200, 5, &jpeg));
-    std::thread::sleep(Duration::from_millis(300));
-    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
-    assert_eq!(dets.len(), names.len(), "every frame exactly once");
-    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "in order");
+    let dets = run_through_fallback(&col, &conf, 200, 5);
     let changes = batch_changes(&col);
     assert!(changes.contains(&(5, 3)) && changes.contains(&(3, 2)), "larger half kept: {changes:?}");
     assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 5)), "back to the startup batch: {changes:?}");

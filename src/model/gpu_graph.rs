@@ -1,5 +1,5 @@
-//! One forward pass replayed as a CUDA graph, for batch 1, where a forward is a few hundred small
-//! kernel launches and the host's launch rate, not the GPU, sets the latency.
+//! One forward pass replayed as a CUDA graph: at batch 1 a forward is a few hundred small kernel
+//! launches, and the host's launch rate, not the GPU, sets the latency.
 //!
 //! The graph is captured once per (batch, input shape) on the inference thread, after two warm
 //! passes have planned every cuDNN convolution, built the head's anchors and filled candle's
@@ -8,14 +8,14 @@
 //! batch into the input buffer, launches the graph and returns a copy of the output buffer, so
 //! a caller may keep the result across calls. The activations of the pass are allocated and
 //! freed inside the graph, in CUDA's graph memory pool, which `crate::devmem` adds to the stream
-//! pool's figures ([`GraphedForward::graph_reserved`] reads it alone).
+//! pool's figures (`devmem::graph_pool_reserved` reads it alone).
 //!
 //! Anything that fails (capture, instantiation, launch) is an error the caller answers by
 //! running the pass eagerly; `crate::detector` does, and then stops using graphs (after running
 //! out of memory: for a minute).
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
-use candle_core::{CudaDevice, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::YoloV9;
 
@@ -25,7 +25,6 @@ pub struct GraphedForward {
     /// Fixed output buffer `(B, 4 + nc, A)` the graph writes.
     output: Tensor,
     graph: CudaGraph,
-    dev: CudaDevice,
     /// The capturing thread: the graph's kernels read layout arguments from candle's
     /// thread-local upload cache, and candle's stream is that thread's per-thread stream, so
     /// the graph is only launched there.
@@ -65,7 +64,7 @@ impl GraphedForward {
         captured?;
         let graph = graph.map_err(derr("end capture"))?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
         graph.upload().map_err(derr("upload"))?;
-        Ok(Self { input, output, graph, dev, thread: std::thread::current().id() })
+        Ok(Self { input, output, graph, thread: std::thread::current().id() })
     }
 
     /// The batch size it was captured for.
@@ -88,12 +87,4 @@ impl GraphedForward {
         self.output.copy()
     }
 
-    /// Bytes the device's graph memory pool holds now (all graphs of the process).
-    pub fn graph_reserved(&self) -> Option<u64> {
-        let mut v = 0u64;
-        let dev = self.dev.cuda_stream().context().cu_device();
-        // SAFETY: plain attribute query into a u64, as the driver API documents for this attribute.
-        let r = unsafe { sys::cuDeviceGetGraphMemAttribute(dev, sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &mut v as *mut u64 as *mut _) };
-        (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
-    }
 }
