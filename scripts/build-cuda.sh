@@ -18,7 +18,12 @@ for a in "$@"; do
 done
 case "$CAP" in 80|86|87|89|90) ;; *) echo "unsupported compute capability '$CAP' (80 86 87 89 90)" >&2; exit 2;; esac
 PREFIX="${CUDA_WHEEL_PREFIX:-/opt/cuda-13.0-wheels}"
-[ -f "$PREFIX/env.sh" ] || bash scripts/setup-cuda-build.sh "$CAP"
+if [ "$FEATURES" = cudnn ]; then
+  # the toolchain without cuDNN (a plain setup run) cannot link the cuDNN build
+  [ -f "$PREFIX/env.sh" ] && [ -e "$PREFIX/nvidia/cu13/lib/libcudnn.so" ] || WITH_CUDNN=1 bash scripts/setup-cuda-build.sh "$CAP"
+else
+  [ -f "$PREFIX/env.sh" ] || bash scripts/setup-cuda-build.sh "$CAP"
+fi
 # shellcheck disable=SC1091
 source "$PREFIX/env.sh"
 export CUDA_COMPUTE_CAP="$CAP"

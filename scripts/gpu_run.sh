@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab graphab graphallab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -47,7 +47,7 @@ xz -dc "$DIST/${BIN_XZ:-yolo-edge-cuda-sm90-cudnn.xz}" > "$BIN" && chmod +x "$BI
 SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
-if has parity || has seeded || has torch || has ballast; then
+if has parity || has seeded || has torch || has torchprofile || has ballast; then
   mkdir -p "$W/site" && python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHL"/*.whl >/dev/null 2>&1
 fi
 export PYTHONPATH="$W/site"
@@ -109,6 +109,12 @@ if has ab; then
   done
 fi
 
+if has layoutab; then
+  say "## A/B, same binary: NCHW activations (YOLO_EDGE_LAYOUT=nchw, before) -> NHWC end to end (now, the default with cuDNN)"
+  for lay in nchw nhwc; do
+    ab_bench "layout-$lay" "${AB_BATCHES:-1,32,128}" YOLO_EDGE_LAYOUT="$lay"
+  done
+fi
 if has graphab; then
   say "## A/B, same binary: batch 1 eager (YOLO_EDGE_CUDA_GRAPH=0) -> replayed as one captured CUDA graph (default)"
   AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-off "${GRAPH_BATCHES:-1}" YOLO_EDGE_CUDA_GRAPH=0
@@ -271,9 +277,14 @@ if has ballast; then
   rm -rf "$W/ballast/in" "$W/ballast/in2" "$W/ballast/done2" "$W/ballast/spool"
 fi
 
+if has torchprofile; then
+  say "## where PyTorch's time goes (torch.profiler, CUDA kernel time, ${TORCH_PROFILE_MODE:-fp16cl}, batch ${TORCH_PROFILE_BATCH:-256})"
+  VARIANTS="${TORCH_PROFILE_VARIANTS:-t,e}" BATCH="${TORCH_PROFILE_BATCH:-256}" MODE="${TORCH_PROFILE_MODE:-fp16cl}" OUT="$W" timeout 200 python3 "$HERE/torch_profile.py" 2>"$W/torch_profile.log" | tee -a "$SUM"
+  cp "$W/torch_profile.json" "$OUT/" 2>/dev/null
+fi
 if has profile; then
   say "## where the time goes (bench --profile, f16, random weights)"
-  timeout 240 "$BIN" bench --device cuda:0 --variants "${PROFILE_VARIANTS:-t,c}" --dtype f16 --batches "${PROFILE_BATCHES:-1,32}" --mode model --warmup 2 --iters 5 --profile --out "$W/profile" > "$W/profile.md" 2> "$W/profile.log"
+  env ${PROFILE_ENV:-} timeout 240 "$BIN" bench --device cuda:0 --variants "${PROFILE_VARIANTS:-t,c}" --dtype f16 --batches "${PROFILE_BATCHES:-1,32}" --mode model --warmup 2 --iters 5 --profile --out "$W/profile" > "$W/profile.md" 2> "$W/profile.log"
   cp "$W/profile/profile.csv" "$OUT/profile.csv" 2>/dev/null
   python3 - "$W/profile/profile.csv" <<'PY' | tee -a "$SUM"
 import csv, sys, collections

@@ -49,7 +49,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usi
     }
     #[cfg(feature = "cudnn")]
     if cudnn_takes(x) {
-        if let Some(r) = crate::model::cudnn_conv::conv2d(x, w, padding, stride, groups) {
+        if let Some(r) = crate::model::cudnn_conv::conv2d(x, w, padding, stride, groups, false) {
             return r;
         }
     }
@@ -59,13 +59,18 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usi
 /// Whether convolutions of `x` (other than 1x1 GEMMs) go to cuDNN: a CUDA tensor in a build with
 /// the `cudnn` feature, unless `YOLO_EDGE_CONV=im2col`.
 pub fn cudnn_takes(x: &Tensor) -> bool {
+    x.device().is_cuda() && cudnn_enabled()
+}
+
+/// Whether this build takes CUDA convolutions to cuDNN (feature `cudnn`, and not
+/// `YOLO_EDGE_CONV=im2col`).
+pub fn cudnn_enabled() -> bool {
     #[cfg(feature = "cudnn")]
     {
-        x.device().is_cuda() && crate::model::cudnn_conv::enabled()
+        crate::model::cudnn_conv::enabled()
     }
     #[cfg(not(feature = "cudnn"))]
     {
-        let _ = x;
         false
     }
 }

@@ -378,6 +378,15 @@ impl MemoryTelemetry {
     }
 }
 
+/// High-water marks of one measurement, above the resident set (bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct Peaks {
+    /// Memory the pool reserved from the device (what runs out; the planner's figure).
+    pub reserved: u64,
+    /// Memory the pass's tensors held at once.
+    pub used: u64,
+}
+
 /// The real prober: one batch through the agent's own path (u8 pictures uploaded, normalised
 /// on the device, forward pass, candidate extraction), measured as the peak of memory the
 /// device had to give (the pool's *reserved* high-water mark above what was reserved before:
@@ -409,6 +418,13 @@ impl<'a> DetectorProber<'a> {
     /// the previous pass's free blocks differs from an empty pool (H200, session 4: yolov9m
     /// batch 74 read 3232 MiB from an empty pool, and peaked at 3680 MiB in a 1000-batch soak).
     pub fn measure(&self, batch: usize) -> Result<u64, ProbeError> {
+        Ok(self.measure_peaks(batch)?.reserved)
+    }
+
+    /// [`Self::measure`] with the *used* high-water mark beside the reserved one: the bytes the
+    /// pass's tensors held at once, without the pool's granules and fragmentation (what
+    /// `plan --sweep` reports next to the reserved peak).
+    pub fn measure_peaks(&self, batch: usize) -> Result<Peaks, ProbeError> {
         if self.det.device().is_cuda() {
             self.run_batch(batch)?;
         }
@@ -418,14 +434,14 @@ impl<'a> DetectorProber<'a> {
     }
 
     /// Runs `work` from a trimmed pool with the high-water marks reset; returns its result and the
-    /// reserved high-water mark above the trimmed start (bytes).
-    fn high_water<T>(&self, work: impl FnOnce() -> Result<T, ProbeError>) -> Result<(T, u64), ProbeError> {
+    /// high-water marks above the trimmed start (bytes).
+    fn high_water<T>(&self, work: impl FnOnce() -> Result<T, ProbeError>) -> Result<(T, Peaks), ProbeError> {
         self.meter.trim().map_err(dev_err)?;
-        let base = self.meter.usage().map_err(dev_err)?.reserved;
+        let base = self.meter.usage().map_err(dev_err)?;
         self.meter.reset().map_err(dev_err)?;
         let r = work();
-        let peak = self.meter.usage().map_err(dev_err);
-        Ok((r?, peak?.reserved_high.saturating_sub(base)))
+        let peak = self.meter.usage().map_err(dev_err)?;
+        Ok((r?, Peaks { reserved: peak.reserved_high.saturating_sub(base.reserved), used: peak.used_high.saturating_sub(base.used) }))
     }
 
     /// One batch of `batch` textured pictures through the agent's path, synchronised.
@@ -454,7 +470,7 @@ impl<'a> DetectorProber<'a> {
             }
             Ok((done, oom))
         })?;
-        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak, stages })
+        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak: peak.reserved, stages })
     }
 
     /// Where a batch's time goes on the agent's path, median over `n` batches, each stage

@@ -163,7 +163,7 @@ fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Pat
     let timed: f64 = ops.iter().map(|o| o.2).sum();
     eprintln!("profile {name} batch {batch}: {total:.2} ms with synchronisation");
     let mut csv = String::new();
-    for (op, n, ms) in ops.iter().chain(std::iter::once(&("other (untimed ops, launches)".to_string(), 0, (total - timed).max(0.0)))) {
+    for (op, n, ms) in ops.iter().chain(std::iter::once(&("other (untimed ops; launches)".to_string(), 0, (total - timed).max(0.0)))) {
         eprintln!("  {op:<40} {n:>5} calls {ms:>9.2} ms {:>5.1}%", 100.0 * ms / total);
         csv.push_str(&format!("{name},{batch},{op},{n},{ms:.3},{:.4}\n", ms / total));
     }
@@ -190,12 +190,16 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
             (Work::E2e { files: images.iter().cycle().take(batch).collect(), th: Thresholds::default() }, 0)
         };
         let base = meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
-        meter.reset().map_err(candle_core::Error::wrap)?;
-        run_once(det, &work)?; // also the memory measurement
-        let peak = meter.usage().map_err(candle_core::Error::wrap)?.used_high.saturating_sub(base);
-        for _ in 1..a.warmup {
+        // the first pass at a new shape plans it (cuDNN's algorithm search, whose scratch is
+        // freed again; a graph capture), then the warm-up; the memory is measured on one more
+        // pass, the steady state that every later batch of this size needs (what the planner
+        // measures too)
+        for _ in 0..a.warmup.max(1) {
             run_once(det, &work)?;
         }
+        meter.reset().map_err(candle_core::Error::wrap)?;
+        run_once(det, &work)?;
+        let peak = meter.usage().map_err(candle_core::Error::wrap)?.used_high.saturating_sub(base);
         let mut t = Vec::with_capacity(iters);
         for _ in 0..iters {
             det.device().synchronize()?;

@@ -59,6 +59,8 @@ struct SweepPoint {
     measured: Option<u64>,
     /// (predicted - measured) / measured
     error: Option<f64>,
+    /// the used high-water mark of the same passes (tensors only, no pool granules)
+    measured_used: Option<u64>,
     fits: bool,
     oom: bool,
 }
@@ -79,14 +81,14 @@ fn sweep(prober: &DetectorProber, plan: &planner::Plan) -> Sweep {
     let mut points: Vec<SweepPoint> = Vec::new();
     let measure = |b: usize, points: &mut Vec<SweepPoint>| -> bool {
         let predicted = plan.fit.predict(b);
-        let r = prober.measure(b);
-        let (measured, oom) = match &r {
-            Ok(p) => (Some(*p), false),
-            Err(_) => (None, true),
+        let r = prober.measure_peaks(b);
+        let (measured, measured_used, oom) = match &r {
+            Ok(p) => (Some(p.reserved), Some(p.used), false),
+            Err(_) => (None, None, true),
         };
         let fits = measured.is_some_and(|m| m <= budget);
         let error = measured.map(|m| (predicted as f64 - m as f64) / m as f64);
-        points.push(SweepPoint { batch: b, predicted, measured, error, fits, oom });
+        points.push(SweepPoint { batch: b, predicted, measured, error, measured_used, fits, oom });
         fits
     };
     // geometric-ish ladder, then bisection between the last fitting and the first failing batch

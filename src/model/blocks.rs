@@ -4,6 +4,7 @@
 
 use candle_core::{DType, Module, Tensor, D};
 
+use super::layout::Lay;
 use super::{ModelError, Vb};
 
 /// BatchNorm epsilon of every YOLOv9 checkpoint (ultralytics and WongKinYiu set 1e-3).
@@ -42,6 +43,8 @@ pub struct Conv {
     padding: usize,
     groups: usize,
     act: bool,
+    /// The activation layout; on NHWC the weight is stored `(K, R, S, C/groups)`.
+    lay: Lay,
     /// The weight packed for the CPU kernel (f32 CPU convolutions of one group).
     packed: Option<std::sync::Arc<super::cpukernel::PackedWeights>>,
     /// Set while BatchNorm statistics are being measured (tests, calibration).
@@ -90,6 +93,7 @@ impl Conv {
                 padding: k / 2,
                 groups,
                 act,
+                lay: Lay::Nchw,
                 packed: None,
                 calib: Some(Calib { name, gamma: gamma.to_device(dev)?, beta: beta.to_device(dev)?, sink }),
             });
@@ -116,18 +120,33 @@ impl Conv {
         let dot = if name.is_empty() { String::new() } else { format!("{name}.") };
         vb.export(&format!("{dot}weight"), &w)?;
         vb.export(&format!("{dot}bias"), &b)?;
+        let lay = vb.lay();
+        let w = if lay == Lay::Nhwc { w.permute((0, 2, 3, 1))?.contiguous()? } else { w };
         let weight = w.to_dtype(dt)?.to_device(dev)?;
         let packed = if groups == 1 && weight.dtype() == DType::F32 && weight.device().is_cpu() {
             Some(std::sync::Arc::new(super::cpukernel::PackedWeights::new(&weight)?))
         } else {
             None
         };
-        Ok(Self { weight, bias: b.to_dtype(dt)?.to_device(dev)?, stride, padding, groups, act, packed, calib: None })
+        Ok(Self { weight, bias: b.to_dtype(dt)?.to_device(dev)?, stride, padding, groups, act, lay, packed, calib: None })
+    }
+
+    /// The activation layout this layer reads and writes.
+    pub fn lay(&self) -> Lay {
+        self.lay
+    }
+
+    /// The weight as `(K, C/groups, R, S)`, whatever the layout.
+    fn weight_kcrs(&self) -> candle_core::Result<Tensor> {
+        match self.lay {
+            Lay::Nchw => Ok(self.weight.clone()),
+            Lay::Nhwc => self.weight.permute((0, 3, 1, 2))?.contiguous(),
+        }
     }
 
     /// Folded f32 weight and bias, for merging RepConv branches.
     fn folded(&self) -> Result<(Tensor, Tensor), ModelError> {
-        Ok((self.weight.to_dtype(DType::F32)?, self.bias.to_dtype(DType::F32)?))
+        Ok((self.weight_kcrs()?.to_dtype(DType::F32)?, self.bias.to_dtype(DType::F32)?))
     }
 
     /// Merges RepConv's 3x3 and 1x1 branches (both folded, no activation) into one 3x3 conv + SiLU.
@@ -141,12 +160,17 @@ impl Conv {
     /// "conv 3x3/2 64->128 @80x80" for the profile table.
     fn op_name(&self, x: &Tensor) -> String {
         let (co, _, k, _) = self.weight.dims4().unwrap_or_default();
-        let (_, ci, h, w) = x.dims4().unwrap_or_default();
+        let (ci, h, w) = self.lay.chw(x).unwrap_or_default();
         let g = if self.groups > 1 { format!(" g{}", self.groups) } else { String::new() };
         format!("conv {k}x{k}/{} {ci}->{co}{g} @{h}x{w}", self.stride)
     }
 
     fn conv(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if self.lay == Lay::Nhwc {
+            let y = self.conv_nhwc(x)?;
+            count_macs(&self.weight, &y);
+            return Ok(y);
+        }
         let (c_out, cin_g, k, _) = self.weight.dims4()?;
         let c_in = x.dim(1)?;
         let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 && !crate::fastconv::cudnn_takes(x) {
@@ -158,6 +182,29 @@ impl Conv {
         };
         count_macs(&self.weight, &y);
         Ok(y)
+    }
+}
+
+impl Conv {
+    /// The convolution of channels-last `x`: a 1x1 one is one GEMM over `(N*H*W, C)`, any other
+    /// goes to cuDNN with NHWC descriptors; a shape cuDNN cannot run takes candle's NCHW path,
+    /// re-laid out both ways.
+    fn conv_nhwc(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (co, k, _, cin_g) = self.weight.dims4()?;
+        let (n, h, w, c) = x.dims4()?;
+        if k == 1 && self.stride == 1 && self.padding == 0 && self.groups == 1 {
+            if c != cin_g {
+                candle_core::bail!("1x1 convolution of {c} channels with a weight for {cin_g}");
+            }
+            let x2 = x.contiguous()?.reshape((n * h * w, c))?;
+            return x2.matmul(&self.weight.reshape((co, cin_g))?.t()?)?.reshape((n, h, w, co));
+        }
+        #[cfg(feature = "cudnn")]
+        if let Some(r) = super::cudnn_conv::conv2d(x, &self.weight, self.padding, self.stride, self.groups, true) {
+            return r;
+        }
+        let y = crate::fastconv::conv2d(&Lay::Nhwc.to_nchw(x)?, &self.weight_kcrs()?, self.padding, self.stride, self.groups)?;
+        Lay::Nhwc.from_nchw(&y)
     }
 }
 
@@ -242,12 +289,12 @@ impl Conv {
         }
         #[cfg(feature = "cuda")]
         if self.calib.is_none() && x0.device().is_cuda() && gpu_epilogue_on() {
-            let x = if xs.len() == 1 { (*x0).clone() } else { crate::profile::scope(|| "concat".into(), || Tensor::cat(xs, 1))? };
+            let x = if xs.len() == 1 { (*x0).clone() } else { crate::profile::scope(|| "concat".into(), || self.lay.cat_c(xs))? };
             let y = crate::profile::scope(|| self.op_name(&x), || self.conv(&x))?;
             let what = || format!("{}{} (fused)", if self.act { "bias+silu" } else { "bias" }, if residual.is_some() { "+residual" } else { "" });
-            return crate::profile::scope(what, || super::gpu_epilogue::bias_act(&y, &self.bias, self.act, residual));
+            return crate::profile::scope(what, || super::gpu_epilogue::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc));
         }
-        let y = if xs.len() == 1 { self.forward_one(x0)? } else { self.forward_one(&Tensor::cat(xs, 1)?)? };
+        let y = if xs.len() == 1 { self.forward_one(x0)? } else { self.forward_one(&self.lay.cat_c(xs)?)? };
         match residual {
             Some(r) => r + y,
             None => Ok(y),
@@ -258,7 +305,11 @@ impl Conv {
     fn forward_one(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = crate::profile::scope(|| self.op_name(x), || self.conv(x))?;
         let Some(c) = &self.calib else {
-            return crate::profile::scope(|| (if self.act { "bias+silu" } else { "bias" }).into(), || self.activate(y.broadcast_add(&self.bias.reshape((1, (), 1, 1))?)?));
+            let bias = match self.lay {
+                Lay::Nchw => self.bias.reshape((1, (), 1, 1))?,
+                Lay::Nhwc => self.bias.reshape((1, 1, 1, ()))?,
+            };
+            return crate::profile::scope(|| (if self.act { "bias+silu" } else { "bias" }).into(), || self.activate(y.broadcast_add(&bias)?));
         };
         // BatchNorm with this batch's statistics, which become the running statistics
         // (biased variance), exactly as `scripts/make_goldens.py` calibrates the reference.
@@ -420,26 +471,19 @@ impl Elan {
 
 impl Module for Elan {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let lay = self.cv1.lay();
         let y = self.cv1.forward(x)?;
-        let c = y.dim(1)?;
+        let c = lay.chw(&y)?.0;
         let half = c.div_ceil(2);
-        let y1 = y.narrow(1, half, c - half)?;
+        let y1 = lay.narrow_c(&y, half, c - half)?;
+        // channels last, the slice is strided on every pixel: copied once here rather than by
+        // each convolution that reads it
+        let y1 = if lay == Lay::Nhwc { crate::profile::scope(|| "split copy".into(), || y1.contiguous())? } else { y1 };
         let y2 = self.cv2.forward(&y1)?;
         let y3 = self.cv3.forward(&y2)?;
         // chunk(2) gives y0, y1 and cat(y0, y1) is y itself
         self.cv4.forward_cat(&[&y, &y2, &y3], None)
     }
-}
-
-/// `avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)`.
-fn avg_pool_2x2_s1(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.avg_pool2d_with_stride((2, 2), (1, 1))
-}
-
-/// Max-pool with `padding = k / 2`: replicating the edge equals PyTorch's -inf padding for a max.
-fn max_pool_padded(x: &Tensor, k: usize, s: usize) -> candle_core::Result<Tensor> {
-    let p = k / 2;
-    x.pad_with_same(2, p, p)?.pad_with_same(3, p, p)?.max_pool2d_with_stride((k, k), (s, s))
 }
 
 /// `AConv(c1, c2)`: avg-pool 2x2/1 then Conv 3x3/2.
@@ -456,7 +500,7 @@ impl AConv {
 
 impl Module for AConv {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.cv1.forward(&avg_pool_2x2_s1(x)?)
+        self.cv1.forward(&crate::profile::scope(|| "avgpool".into(), || self.cv1.lay().avg_pool_2x2_s1(x))?)
     }
 }
 
@@ -476,12 +520,13 @@ impl ADown {
 
 impl Module for ADown {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let x = avg_pool_2x2_s1(x)?;
-        let c = x.dim(1)?;
+        let lay = self.cv1.lay();
+        let x = crate::profile::scope(|| "avgpool".into(), || lay.avg_pool_2x2_s1(x))?;
+        let c = lay.chw(&x)?.0;
         let half = c.div_ceil(2);
-        let x1 = self.cv1.forward(&x.narrow(1, 0, half)?)?;
-        let x2 = self.cv2.forward(&max_pool_padded(&x.narrow(1, half, c - half)?, 3, 2)?)?;
-        Tensor::cat(&[x1, x2], 1)
+        let x1 = self.cv1.forward(&lay.narrow_c(&x, 0, half)?)?;
+        let x2 = self.cv2.forward(&crate::profile::scope(|| "maxpool".into(), || lay.max_pool_padded(&lay.narrow_c(&x, half, c - half)?, 3, 2))?)?;
+        crate::profile::scope(|| "concat".into(), || lay.cat_c(&[x1, x2]))
     }
 }
 
@@ -502,7 +547,7 @@ impl Module for Sppelan {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let mut ys = vec![self.cv1.forward(x)?];
         for _ in 0..3 {
-            let y = max_pool_padded(ys.last().unwrap(), 5, 1)?;
+            let y = crate::profile::scope(|| "maxpool".into(), || self.cv1.lay().max_pool_padded(ys.last().unwrap(), 5, 1))?;
             ys.push(y);
         }
         self.cv5.forward_cat(&ys.iter().collect::<Vec<_>>(), None)
@@ -523,11 +568,12 @@ impl CbLinear {
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
         let y = self.conv.forward(x)?;
+        let lay = self.conv.lay();
         let mut start = 0;
         self.c2s
             .iter()
             .map(|&c| {
-                let t = y.narrow(1, start, c);
+                let t = lay.narrow_c(&y, start, c);
                 start += c;
                 t
             })
@@ -536,11 +582,16 @@ impl CbLinear {
 }
 
 /// `CBFuse(idx)`: nearest-resize the picked CBLinear outputs to the last input's size and sum.
-pub fn cb_fuse(picked: &[Tensor], last: &Tensor) -> candle_core::Result<Tensor> {
-    let (_, _, h, w) = last.dims4()?;
+pub fn cb_fuse(lay: Lay, picked: &[Tensor], last: &Tensor) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if lay == Lay::Nhwc && last.device().is_cuda() {
+        return super::gpu_fuse::add_upsampled(last, picked);
+    }
+    let (_, h, w) = lay.chw(last)?;
     let mut acc = last.clone();
     for t in picked {
-        let up = if t.dims()[2..] == [h, w] { t.clone() } else { t.upsample_nearest2d(h, w)? };
+        let (_, th, tw) = lay.chw(t)?;
+        let up = if (th, tw) == (h, w) { t.clone() } else { lay.upsample(t, h, w)? };
         acc = (acc + up)?;
     }
     Ok(acc)

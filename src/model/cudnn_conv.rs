@@ -74,8 +74,10 @@ fn all_algos() -> bool {
 
 /// `x.conv2d(w, padding, stride, 1, groups)` through cuDNN, or `None` when cuDNN cannot run this
 /// shape (then the caller takes candle's path; the shape is remembered and not tried again).
-pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usize) -> Option<candle_core::Result<Tensor>> {
-    let key = Key::new(x, w, padding, stride, groups)?;
+/// With `nhwc`, `x` is `(N, H, W, C)`, `w` is `(K, R, S, C/groups)` and so is the result
+/// `(N, OH, OW, K)`; otherwise all are NCHW.
+pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usize, nhwc: bool) -> Option<candle_core::Result<Tensor>> {
+    let key = Key::new(x, w, padding, stride, groups, nhwc)?;
     if UNSUPPORTED.with(|u| u.borrow().contains(&key)) {
         return None;
     }
@@ -89,11 +91,13 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usi
     }
 }
 
-/// Everything that makes a plan: device, dtype, input and filter dims, stride, padding, groups.
+/// Everything that makes a plan: device, dtype, layout, input and filter dims (in cuDNN's order,
+/// N C H W and K C R S, whatever the layout), stride, padding, groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     dev: DeviceId,
     f16: bool,
+    nhwc: bool,
     x: [i32; 4],
     w: [i32; 4],
     stride: i32,
@@ -102,7 +106,7 @@ struct Key {
 }
 
 impl Key {
-    fn new(x: &Tensor, w: &Tensor, pad: usize, stride: usize, groups: usize) -> Option<Self> {
+    fn new(x: &Tensor, w: &Tensor, pad: usize, stride: usize, groups: usize, nhwc: bool) -> Option<Self> {
         let dev = match x.device() {
             candle_core::Device::Cuda(d) => d.id(),
             _ => return None,
@@ -114,9 +118,11 @@ impl Key {
         };
         let d = |t: &Tensor| -> Option<[i32; 4]> {
             let (a, b, c, e) = t.dims4().ok()?;
+            // channels last: (a, h, w, c) is (a, c, h, w) to cuDNN
+            let (b, c, e) = if nhwc { (e, b, c) } else { (b, c, e) };
             Some([a.try_into().ok()?, b.try_into().ok()?, c.try_into().ok()?, e.try_into().ok()?])
         };
-        Some(Self { dev, f16, x: d(x)?, w: d(w)?, stride: stride as i32, pad: pad as i32, groups: groups as i32 })
+        Some(Self { dev, f16, nhwc, x: d(x)?, w: d(w)?, stride: stride as i32, pad: pad as i32, groups: groups as i32 })
     }
 
     fn y_dims(&self) -> [i32; 4] {
@@ -199,13 +205,13 @@ impl Plan {
     /// Descriptors for `key` (algorithm not chosen yet).
     fn describe(key: &Key) -> candle_core::Result<Self> {
         let dt = if key.f16 { sys::cudnnDataType_t::CUDNN_DATA_HALF } else { sys::cudnnDataType_t::CUDNN_DATA_FLOAT };
-        let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let format = if key.nhwc { sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC } else { sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW };
         let x = TensorDesc(result::create_tensor_descriptor().map_err(|e| err("descriptor", e))?);
-        unsafe { result::set_tensor4d_descriptor(x.0, nchw, dt, key.x) }.map_err(|e| err("input descriptor", e))?;
+        unsafe { result::set_tensor4d_descriptor(x.0, format, dt, key.x) }.map_err(|e| err("input descriptor", e))?;
         let y = TensorDesc(result::create_tensor_descriptor().map_err(|e| err("descriptor", e))?);
-        unsafe { result::set_tensor4d_descriptor(y.0, nchw, dt, key.y_dims()) }.map_err(|e| err("output descriptor", e))?;
+        unsafe { result::set_tensor4d_descriptor(y.0, format, dt, key.y_dims()) }.map_err(|e| err("output descriptor", e))?;
         let w = FilterDesc(result::create_filter_descriptor().map_err(|e| err("descriptor", e))?);
-        unsafe { result::set_filter4d_descriptor(w.0, dt, nchw, key.w) }.map_err(|e| err("filter descriptor", e))?;
+        unsafe { result::set_filter4d_descriptor(w.0, dt, format, key.w) }.map_err(|e| err("filter descriptor", e))?;
         let conv = ConvDesc(result::create_convolution_descriptor().map_err(|e| err("descriptor", e))?);
         // FP32 accumulation for both FP16 and FP32 data
         let (p, s) = (key.pad, key.stride);
@@ -265,7 +271,8 @@ impl CustomOp2 for CudnnConv {
             _ => candle_core::bail!("cudnn-conv2d: f16 or f32 input and filter of one dtype"),
         };
         let [n, c, h, wd] = self.key.y_dims().map(|v| v as usize);
-        Ok((CudaStorage { slice, device: dev }, Shape::from((n, c, h, wd))))
+        let shape = if self.key.nhwc { Shape::from((n, h, wd, c)) } else { Shape::from((n, c, h, wd)) };
+        Ok((CudaStorage { slice, device: dev }, shape))
     }
 }
 

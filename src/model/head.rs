@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use serde::Serialize;
 
 use super::blocks::Conv;
+use super::layout::Lay;
 use super::{ModelError, Vb};
 
 /// Which classification branch the checkpoint has.
@@ -45,9 +46,13 @@ pub struct Detect {
     classes: Vec<Branch>,
     /// DFL projection weights (0..reg_max), shaped (1, 1, reg_max, 1).
     proj: Tensor,
+    /// The same weights as `reg_max` f32 values (the fused CUDA decode's input).
+    proj_f32: Tensor,
     pub nc: usize,
     pub reg_max: usize,
     pub style: HeadStyle,
+    /// The layout of the feature maps (the branches run in it; their small outputs become NCHW).
+    lay: Lay,
     anchors: Mutex<AnchorCache>,
 }
 
@@ -93,8 +98,9 @@ impl Detect {
             Tensor::arange(0f32, reg_max as f32, &Device::Cpu)?
         };
         vb.export("dfl.conv.weight", &proj.reshape((1, reg_max, 1, 1))?)?;
+        let proj_f32 = proj.flatten_all()?.to_dtype(DType::F32)?.to_device(vb.device())?;
         let proj = proj.reshape((1, 1, reg_max, 1))?.to_dtype(vb.dtype())?.to_device(vb.device())?;
-        Ok(Self { boxes, classes, proj, nc, reg_max, style, anchors: Mutex::new(None) })
+        Ok(Self { boxes, classes, proj, proj_f32, nc, reg_max, style, lay: vb.lay(), anchors: Mutex::new(None) })
     }
 
     fn anchors(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<(Tensor, Tensor)> {
@@ -107,7 +113,7 @@ impl Detect {
         let mut pts = Vec::new();
         let mut strides = Vec::new();
         for f in feats {
-            let (_, _, h, w) = f.dims4()?;
+            let (_, h, w) = self.lay.chw(f)?;
             let stride = (input_hw.0 / h) as f32;
             for y in 0..h {
                 for x in 0..w {
@@ -129,14 +135,39 @@ impl Detect {
     /// Raw output `(B, 4 + nc, A)`: xywh in input pixels, then sigmoid class scores.
     pub fn forward(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
         let b = feats[0].dim(0)?;
+        #[cfg(feature = "cuda")]
+        if self.lay == Lay::Nhwc && feats[0].device().is_cuda() {
+            return self.forward_fused(feats, input_hw);
+        }
         let mut box_parts = Vec::with_capacity(feats.len());
         let mut cls_parts = Vec::with_capacity(feats.len());
         for (i, f) in feats.iter().enumerate() {
-            box_parts.push(self.boxes[i].forward(f)?.flatten_from(2)?);
-            cls_parts.push(self.classes[i].forward(f)?.flatten_from(2)?);
+            let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
+            let flat = |t: &Tensor| crate::profile::scope(|| "head: relayout".into(), || self.lay.to_nchw(t)?.flatten_from(2));
+            box_parts.push(flat(&bx)?);
+            cls_parts.push(flat(&cl)?);
         }
-        let boxes = Tensor::cat(&box_parts, 2)?; // (b, 4*reg, A)
-        let cls = Tensor::cat(&cls_parts, 2)?; // (b, nc, A)
+        crate::profile::scope(|| "head: DFL + decode".into(), || self.decode(feats, input_hw, b, &box_parts, &cls_parts))
+    }
+
+    /// The CUDA path of [`Self::forward`] on channels-last features: the branches, then one decode
+    /// kernel per level ([`super::gpu_head`]) and one concatenation of the levels' outputs.
+    #[cfg(feature = "cuda")]
+    fn forward_fused(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
+        let mut levels = Vec::with_capacity(feats.len());
+        for (i, f) in feats.iter().enumerate() {
+            let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
+            let (_, h, _) = self.lay.chw(f)?;
+            let stride = (input_hw.0 / h.max(1)) as f32;
+            levels.push(crate::profile::scope(|| "head: DFL + decode (fused)".into(), || super::gpu_head::decode_level(&bx, &cl, &self.proj_f32, stride))?);
+        }
+        crate::profile::scope(|| "head: concat levels".into(), || Tensor::cat(&levels, 2))
+    }
+
+    /// DFL expectation, anchor decode and sigmoid over the flattened branch outputs.
+    fn decode(&self, feats: &[Tensor], input_hw: (usize, usize), b: usize, box_parts: &[Tensor], cls_parts: &[Tensor]) -> candle_core::Result<Tensor> {
+        let boxes = Tensor::cat(box_parts, 2)?; // (b, 4*reg, A)
+        let cls = Tensor::cat(cls_parts, 2)?; // (b, nc, A)
         let a = boxes.dim(2)?;
         // DFL: softmax over the reg_max bins of each side, expectation with the projection.
         let d = boxes.reshape((b, 4, self.reg_max, a))?;

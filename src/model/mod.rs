@@ -16,7 +16,14 @@ mod gpu_epilogue;
 pub(crate) mod gpu_graph;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu_input;
+#[cfg(feature = "cuda")]
+mod gpu_fuse;
+#[cfg(feature = "cuda")]
+mod gpu_head;
+#[cfg(feature = "cuda")]
+mod gpu_pool;
 pub mod head;
+pub mod layout;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -56,6 +63,7 @@ pub struct Vb {
     dtype: DType,
     calib: Option<CalibSink>,
     export: Option<ExportSink>,
+    lay: layout::Lay,
 }
 
 impl Vb {
@@ -88,6 +96,10 @@ impl Vb {
     }
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+    /// The activation layout the model runs in.
+    pub fn lay(&self) -> layout::Lay {
+        self.lay
     }
     pub(crate) fn calib(&self) -> Option<CalibSink> {
         self.calib.clone()
@@ -161,6 +173,7 @@ pub struct YoloV9 {
     info: ModelInfo,
     device: Device,
     dtype: DType,
+    lay: layout::Lay,
 }
 
 /// Options for building a model from a checkpoint.
@@ -188,7 +201,8 @@ impl YoloV9 {
         let variant = arch::detect_variant(&shape_of).map_err(|reason| WeightsError::UnknownArchitecture { path: ck.path.clone(), reason })?;
         let specs = variant.layers();
         let ch = arch::channels(&specs, 3);
-        let root = Vb { tensors: tensors.clone(), prefix: "model".into(), device: opts.device.clone(), dtype: opts.dtype, calib: opts.calib.clone(), export: opts.export.clone() };
+        let lay = layout::choose(&opts.device, opts.calib.is_some());
+        let root = Vb { tensors: tensors.clone(), prefix: "model".into(), device: opts.device.clone(), dtype: opts.dtype, calib: opts.calib.clone(), export: opts.export.clone(), lay };
         let src_ch = |i: usize, f: isize| -> usize {
             if f < 0 {
                 if i == 0 { 3 } else { ch[i - 1][0] }
@@ -263,7 +277,7 @@ impl YoloV9 {
                 }
             }
         }
-        Ok(Self { specs, layers, last_use, info, device: opts.device.clone(), dtype: opts.dtype })
+        Ok(Self { specs, layers, last_use, info, device: opts.device.clone(), dtype: opts.dtype, lay })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -276,10 +290,17 @@ impl YoloV9 {
         self.dtype
     }
 
+    /// The activation layout it runs in (NHWC on CUDA with cuDNN).
+    pub fn lay(&self) -> layout::Lay {
+        self.lay
+    }
+
     /// Runs the network on a normalised batch `(B, 3, H, W)` (values in 0..1, the model's dtype)
     /// and returns the reference's raw output `(B, 4 + nc, anchors)`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (_, _, h, w) = x.dims4()?;
+        let lay = self.lay;
+        let x = &crate::profile::scope(|| "input relayout".into(), || lay.from_nchw(x))?;
         let mut outs: Vec<Option<Out>> = (0..self.layers.len()).map(|_| None).collect();
         for (i, (spec, layer)) in self.specs.iter().zip(&self.layers).enumerate() {
             let input = |k: usize, outs: &Vec<Option<Out>>| -> candle_core::Result<Tensor> {
@@ -299,12 +320,12 @@ impl YoloV9 {
                 Layer::Sppelan(m) => Out::One(m.forward(&input(0, &outs)?)?),
                 Layer::Upsample => {
                     let t = input(0, &outs)?;
-                    let (_, _, th, tw) = t.dims4()?;
-                    Out::One(crate::profile::scope(|| "upsample".into(), || t.upsample_nearest2d(th * 2, tw * 2))?)
+                    let (_, th, tw) = lay.chw(&t)?;
+                    Out::One(crate::profile::scope(|| "upsample".into(), || lay.upsample(&t, th * 2, tw * 2))?)
                 }
                 Layer::Concat => {
                     let ts = (0..spec.from.len()).map(|k| input(k, &outs)).collect::<candle_core::Result<Vec<_>>>()?;
-                    Out::One(crate::profile::scope(|| "concat (neck)".into(), || Tensor::cat(&ts, 1))?)
+                    Out::One(crate::profile::scope(|| "concat (neck)".into(), || lay.cat_c(&ts))?)
                 }
                 Layer::CbLinear(m) => Out::Many(m.forward(&input(0, &outs)?)?),
                 Layer::CbFuse(idx) => {
@@ -316,7 +337,8 @@ impl YoloV9 {
                             _ => Err(candle_core::Error::Msg(format!("CBFuse: layer {f} is not a CBLinear"))),
                         })
                         .collect::<candle_core::Result<Vec<_>>>()?;
-                    Out::One(cb_fuse(&picked, &input(spec.from.len() - 1, &outs)?)?)
+                    let last = input(spec.from.len() - 1, &outs)?;
+                    Out::One(crate::profile::scope(|| "cbfuse (upsample+add)".into(), || cb_fuse(lay, &picked, &last))?)
                 }
                 Layer::Detect(d) => {
                     let feats = (0..spec.from.len()).map(|k| input(k, &outs)).collect::<candle_core::Result<Vec<_>>>()?;

@@ -55,3 +55,26 @@ extern "C" __global__ void bias_act_f16x2(const __half2 *y, const __half *bias, 
     out[i] = __floats2half2_rn(v.x, v.y);
   }
 }
+
+// Channels last (NHWC): element i has channel i % c (the kernels above with hw = 1 do the same
+// one element at a time). Two halves per thread (C even, pointers 4-byte aligned): n2 = n/2
+// pairs, c2 = C/2 bias pairs.
+extern "C" __global__ void bias_act_cl_f16x2(const __half2 *y, const __half2 *bias, const __half2 *res, __half2 *out,
+                                             unsigned int n2, unsigned int c2, int act, int has_res) {
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += blockDim.x * gridDim.x) {
+    float2 b = __half22float2(bias[i % c2]);
+    float2 v = __half22float2(y[i]);
+    v.x += b.x;
+    v.y += b.y;
+    if (act) {
+      v.x = silu(v.x);
+      v.y = silu(v.y);
+    }
+    if (has_res) {
+      float2 r = __half22float2(res[i]);
+      v.x += r.x;
+      v.y += r.y;
+    }
+    out[i] = __floats2half2_rn(v.x, v.y);
+  }
+}

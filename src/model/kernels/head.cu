@@ -1,0 +1,57 @@
+// The detection head's decode in one pass per level, for channels-last (NHWC) branch outputs:
+// for every anchor, the softmax over each side's reg_max bins and its expectation with the DFL
+// weights (Distribution Focal Loss), the box from the anchor point (cell centre) as centre
+// x/y, width, height in input pixels, and the sigmoid of every class logit, written as the
+// reference's raw output (B, 4 + nc, H*W) for this level. candle needs about fifteen kernels
+// and as many passes over the (B, 4*reg_max + nc, anchors) tensor for the same.
+// f32 arithmetic, rounded once. One thread per (picture, anchor).
+// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_head.rs.
+#include <cuda_fp16.h>
+
+template <typename T> __device__ __forceinline__ float ld(T v);
+template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
+template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T st(float v);
+template <> __device__ __forceinline__ float st<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T>
+__device__ void decode(const T *bx, const T *cl, const float *proj, T *out, unsigned int n, unsigned int h,
+                       unsigned int w, unsigned int nc, unsigned int reg, float stride) {
+  const unsigned int an = h * w;
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * an; i += blockDim.x * gridDim.x) {
+    const unsigned int b = i / an, a = i % an;
+    const float ax = (float)(a % w) + 0.5f, ay = (float)(a / w) + 0.5f;
+    const T *p = bx + (size_t)i * 4 * reg;
+    float d[4];
+    for (unsigned int s = 0; s < 4; s++) {
+      float m = -INFINITY;
+      for (unsigned int j = 0; j < reg; j++) m = fmaxf(m, ld(p[s * reg + j]));
+      float sum = 0.0f, acc = 0.0f;
+      for (unsigned int j = 0; j < reg; j++) {
+        const float e = expf(ld(p[s * reg + j]) - m);
+        sum += e;
+        acc += e * proj[j];
+      }
+      d[s] = acc / sum;
+    }
+    const float x1 = ax - d[0], y1 = ay - d[1], x2 = ax + d[2], y2 = ay + d[3];
+    T *o = out + (size_t)b * (4 + nc) * an + a;
+    o[0] = st<T>((x1 + x2) * 0.5f * stride);
+    o[an] = st<T>((y1 + y2) * 0.5f * stride);
+    o[2 * (size_t)an] = st<T>((x2 - x1) * stride);
+    o[3 * (size_t)an] = st<T>((y2 - y1) * stride);
+    const T *c = cl + (size_t)i * nc;
+    for (unsigned int k = 0; k < nc; k++) o[(4 + (size_t)k) * an] = st<T>(1.0f / (1.0f + expf(-ld(c[k]))));
+  }
+}
+
+extern "C" __global__ void decode_f16(const __half *bx, const __half *cl, const float *proj, __half *out, unsigned int n,
+                                      unsigned int h, unsigned int w, unsigned int nc, unsigned int reg, float stride) {
+  decode(bx, cl, proj, out, n, h, w, nc, reg, stride);
+}
+
+extern "C" __global__ void decode_f32(const float *bx, const float *cl, const float *proj, float *out, unsigned int n,
+                                      unsigned int h, unsigned int w, unsigned int nc, unsigned int reg, float stride) {
+  decode(bx, cl, proj, out, n, h, w, nc, reg, stride);
+}
