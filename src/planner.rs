@@ -44,6 +44,13 @@ pub enum ProbeError {
 /// One measured forward pass: the peak bytes it needed above what was resident before it.
 pub trait Prober {
     fn peak_at(&mut self, batch: usize) -> Result<u64, ProbeError>;
+
+    /// The bytes the pass's tensors held at once in the last successful [`Self::peak_at`] (the
+    /// pool's *used* high-water mark), where the prober can read it; the planner reports the
+    /// model's own memory from it beside the pool's reservation.
+    fn last_used(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Planner settings.
@@ -207,6 +214,9 @@ pub struct Plan {
     pub budget: Budget,
     pub max_batch: usize,
     pub fit: MemoryFit,
+    /// The same fit of the *used* peaks (the tensors alone, without the pool's granules and
+    /// fragmentation), where the prober reads them.
+    pub used_fit: Option<MemoryFit>,
     pub batch: usize,
     pub predicted_peak: u64,
     pub verified_peak: u64,
@@ -235,6 +245,7 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
         budget.memory_fraction
     )];
     let mut points: Vec<(usize, u64)> = Vec::new();
+    let mut used_points: Vec<(usize, u64)> = Vec::new();
     let mut failed_at: Option<usize> = None;
     let record = |steps: &mut Vec<Step>, batch, purpose, predicted, r: &Result<u64, ProbeError>, fits: bool| {
         steps.push(Step {
@@ -257,6 +268,7 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
         match r {
             Ok(p) => {
                 points.push((b, p));
+                used_points.extend(prober.last_used().map(|u| (b, u)));
                 if !fits {
                     failed_at = Some(b);
                     break;
@@ -299,7 +311,11 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
             Some(&(_, p)) => Ok(p),
             None => {
                 verifies += 1;
-                prober.peak_at(b)
+                let r = prober.peak_at(b);
+                if r.is_ok() {
+                    used_points.extend(prober.last_used().map(|u| (b, u)));
+                }
+                r
             }
         };
         let fits = matches!(r, Ok(p) if p <= budget.bytes);
@@ -333,7 +349,18 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
     } else {
         reasons.push(format!("chose {batch}: largest verified batch whose peak fits{}", failed_at.map_or(String::new(), |f| format!(" (batch {f} did not)"))));
     }
-    Ok(Plan { budget, max_batch: cfg.max_batch, fit, batch, predicted_peak, verified_peak, steps, reasons })
+    let used_fit = MemoryFit::fit(&used_points);
+    // (on the CPU the two readings are one: the process's resident set)
+    if let Some(u) = used_fit.as_ref().filter(|_| used_points != points) {
+        let used_at = u.predict(batch).max(1);
+        reasons.push(format!(
+            "the tensors themselves need {} + {} per picture (the pool's used high-water mark); the pool reserved {:.2}x that at batch {batch} (its granules and fragmentation), which is what the budget holds",
+            mib(u.fixed),
+            mib(u.per_image),
+            verified_peak as f64 / used_at as f64
+        ));
+    }
+    Ok(Plan { budget, max_batch: cfg.max_batch, fit, used_fit, batch, predicted_peak, verified_peak, steps, reasons })
 }
 
 /// Telemetry values for the agent (issue 4, item 6).
@@ -398,6 +425,8 @@ pub struct DetectorProber<'a> {
     det: &'a Detector,
     meter: PeakMeter,
     picture: Letterboxed,
+    /// The used high-water mark of the last successful probe.
+    last_used: Option<u64>,
 }
 
 impl<'a> DetectorProber<'a> {
@@ -406,7 +435,7 @@ impl<'a> DetectorProber<'a> {
         // a textured picture (not a constant: some kernels take shortcuts on zeros)
         let pixels: Vec<u8> = (0..(s * s * 3) as usize).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let picture = Letterboxed { pixels, geometry: LetterboxGeometry::new(s, s, s) };
-        Self { det, meter: PeakMeter::new(det.device()), picture }
+        Self { det, meter: PeakMeter::new(det.device()), picture, last_used: None }
     }
 
     /// Peak bytes above the resident set for batches of `batch` pictures, as the agent runs
@@ -543,7 +572,13 @@ fn cand_err(e: candle_core::Error) -> ProbeError {
 
 impl Prober for DetectorProber<'_> {
     fn peak_at(&mut self, batch: usize) -> Result<u64, ProbeError> {
-        self.measure(batch)
+        let p = self.measure_peaks(batch)?;
+        self.last_used = Some(p.used);
+        Ok(p.reserved)
+    }
+
+    fn last_used(&self) -> Option<u64> {
+        self.last_used
     }
 }
 
@@ -693,6 +728,43 @@ mod tests {
             let g = 32.0 * M as f64;
             Ok(((self.per * b as f64 / g).ceil() * g) as u64 - 32 * M)
         }
+    }
+
+    /// A pool that reserves 20 % more than the tensors hold, and reports both.
+    struct Reserving {
+        per: u64,
+    }
+    impl Prober for Reserving {
+        fn peak_at(&mut self, b: usize) -> Result<u64, ProbeError> {
+            Ok(self.per * b as u64 * 6 / 5)
+        }
+    }
+
+    #[test]
+    fn the_plan_reports_the_tensors_own_memory_beside_the_pool() {
+        struct Both {
+            per: u64,
+            last: Option<u64>,
+        }
+        impl Prober for Both {
+            fn peak_at(&mut self, b: usize) -> Result<u64, ProbeError> {
+                self.last = Some(self.per * b as u64);
+                Ok(self.per * b as u64 * 6 / 5)
+            }
+            fn last_used(&self) -> Option<u64> {
+                self.last
+            }
+        }
+        let (b, cfg) = budget(4096 * M, None);
+        let both = plan(&mut Both { per: 20 * M, last: None }, b.clone(), &cfg).unwrap();
+        let u = both.used_fit.as_ref().expect("used peaks were reported");
+        assert!((u.per_image - 20.0 * M as f64).abs() < 1.0 && u.fixed.abs() < 1.0, "{u:?}");
+        assert!((both.fit.per_image - 24.0 * M as f64).abs() < 1.0, "{:?}", both.fit);
+        assert!(both.reasons.iter().any(|r| r.contains("20.0 MiB per picture") && r.contains("1.20x")), "{:?}", both.reasons);
+        // a prober without used readings: no used fit, the same decision
+        let other = plan(&mut Reserving { per: 20 * M }, b, &cfg).unwrap();
+        assert!(other.used_fit.is_none());
+        assert_eq!(other.batch, both.batch);
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl Conv {
         let lay = vb.lay();
         let w = if lay == Lay::Nhwc { w.permute((0, 2, 3, 1))?.contiguous()? } else { w };
         let weight = w.to_dtype(dt)?.to_device(dev)?;
-        let packed = if groups == 1 && weight.dtype() == DType::F32 && weight.device().is_cpu() {
+        let packed = if lay == Lay::Nchw && groups == 1 && weight.dtype() == DType::F32 && weight.device().is_cpu() {
             Some(std::sync::Arc::new(super::cpukernel::PackedWeights::new(&weight)?))
         } else {
             None
@@ -274,6 +274,7 @@ impl Conv {
         let x0 = xs.first().ok_or_else(|| candle_core::Error::Msg("conv without input".into()))?;
         let (k, s) = (self.weight.dim(2)?, self.stride);
         if self.calib.is_none()
+            && self.lay == Lay::Nchw
             && self.groups == 1
             && x0.device().is_cpu()
             && self.weight.dtype() == DType::F32

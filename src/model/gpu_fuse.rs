@@ -50,7 +50,7 @@ struct Fuse;
 fn src(out: &Layout, s: &Layout) -> candle_core::Result<Src> {
     let (n, h, w, c) = out.shape().dims4()?;
     let (sn, sh, sw, sc) = s.shape().dims4()?;
-    let f = if sh > 0 { h / sh } else { 0 };
+    let f = h.checked_div(sh).unwrap_or(0);
     if sn != n || sc != c || f == 0 || sh * f != h || sw * f != w {
         candle_core::bail!("cbfuse: source {:?} is not {:?} downsampled by an integer factor", s.shape(), out.shape());
     }

@@ -47,6 +47,7 @@ pub struct Detect {
     /// DFL projection weights (0..reg_max), shaped (1, 1, reg_max, 1).
     proj: Tensor,
     /// The same weights as `reg_max` f32 values (the fused CUDA decode's input).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     proj_f32: Tensor,
     pub nc: usize,
     pub reg_max: usize,

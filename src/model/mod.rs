@@ -184,11 +184,14 @@ pub struct BuildOptions {
     /// Measure BatchNorm statistics instead of reading them (test and golden generation only).
     pub(crate) calib: Option<CalibSink>,
     pub(crate) export: Option<ExportSink>,
+    /// The activation layout; `None` picks it for the device ([`layout::choose`]). Forcing NHWC
+    /// on the CPU runs the GPU path's graph logic with candle's ops (tests).
+    pub layout: Option<layout::Lay>,
 }
 
 impl BuildOptions {
     pub fn new(device: Device, dtype: DType) -> Self {
-        Self { device, dtype, calib: None, export: None }
+        Self { device, dtype, calib: None, export: None, layout: None }
     }
 }
 
@@ -201,7 +204,15 @@ impl YoloV9 {
         let variant = arch::detect_variant(&shape_of).map_err(|reason| WeightsError::UnknownArchitecture { path: ck.path.clone(), reason })?;
         let specs = variant.layers();
         let ch = arch::channels(&specs, 3);
-        let lay = layout::choose(&opts.device, opts.calib.is_some());
+        let lay = match (opts.layout, opts.calib.is_some()) {
+            // BatchNorm calibration measures NCHW statistics
+            (_, true) => layout::Lay::Nchw,
+            (Some(l), false) => l,
+            (None, false) => layout::choose(&opts.device, false),
+        };
+        if lay == layout::Lay::Nhwc {
+            tracing::debug!("activations channels-last (NHWC) on the GPU (YOLO_EDGE_LAYOUT=nchw for the reference layout)");
+        }
         let root = Vb { tensors: tensors.clone(), prefix: "model".into(), device: opts.device.clone(), dtype: opts.dtype, calib: opts.calib.clone(), export: opts.export.clone(), lay };
         let src_ch = |i: usize, f: isize| -> usize {
             if f < 0 {
@@ -394,4 +405,33 @@ pub fn fused_tensors(ck: &Checkpoint) -> Result<(ModelInfo, Vec<(String, Tensor)
     let model = YoloV9::from_checkpoint(ck, &opts)?;
     let tensors = std::mem::take(&mut *sink.lock().unwrap());
     Ok((model.info, tensors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The channels-last graph (the CUDA path's splits, concats, pools, upsampling, CBFuse and
+    /// head relayout), run with candle's CPU ops, gives the NCHW model's output: every block
+    /// type of YOLOv9 (t: ELAN1, AConv, SPPELAN; e: RepNCSPELAN4, ADown, CBLinear/CBFuse).
+    #[test]
+    fn nhwc_graph_equals_nchw() {
+        for variant in [Variant::T, Variant::E] {
+            let ck = crate::randweights::random_checkpoint(variant, 7).unwrap();
+            let build = |lay| {
+                let mut o = BuildOptions::new(Device::Cpu, DType::F32);
+                o.layout = Some(lay);
+                YoloV9::from_checkpoint(&ck, &o).unwrap()
+            };
+            let (a, b) = (build(layout::Lay::Nchw), build(layout::Lay::Nhwc));
+            assert_eq!((a.lay(), b.lay()), (layout::Lay::Nchw, layout::Lay::Nhwc));
+            let x = Tensor::rand(0f32, 1f32, (2, 3, 64, 96), &Device::Cpu).unwrap();
+            let (ya, yb) = (a.forward(&x).unwrap(), b.forward(&x).unwrap());
+            assert_eq!(ya.dims(), yb.dims());
+            let diff = (&ya - &yb).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+            let norm = ya.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+            assert!(norm.is_finite() && norm > 0.0, "{variant:?}: output norm {norm}");
+            assert!(diff / norm < 1e-5, "{variant:?}: NHWC vs NCHW relative error {}", diff / norm);
+        }
+    }
 }
