@@ -247,6 +247,14 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
     let mut points: Vec<(usize, u64)> = Vec::new();
     let mut used_points: Vec<(usize, u64)> = Vec::new();
     let mut failed_at: Option<usize> = None;
+    // one measured pass; the used peak, where the prober reads one, is kept beside the reserved
+    let mut probe = |b: usize, used_points: &mut Vec<(usize, u64)>| {
+        let r = prober.peak_at(b);
+        if r.is_ok() {
+            used_points.extend(prober.last_used().map(|u| (b, u)));
+        }
+        r
+    };
     let record = |steps: &mut Vec<Step>, batch, purpose, predicted, r: &Result<u64, ProbeError>, fits: bool| {
         steps.push(Step {
             batch,
@@ -262,13 +270,12 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
         })
     };
     for &b in cfg.probe_batches.iter().filter(|&&b| b <= cfg.max_batch) {
-        let r = prober.peak_at(b);
+        let r = probe(b, &mut used_points);
         let fits = matches!(r, Ok(p) if p <= budget.bytes);
         record(&mut steps, b, "probe", None, &r, fits);
         match r {
             Ok(p) => {
                 points.push((b, p));
-                used_points.extend(prober.last_used().map(|u| (b, u)));
                 if !fits {
                     failed_at = Some(b);
                     break;
@@ -311,11 +318,7 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
             Some(&(_, p)) => Ok(p),
             None => {
                 verifies += 1;
-                let r = prober.peak_at(b);
-                if r.is_ok() {
-                    used_points.extend(prober.last_used().map(|u| (b, u)));
-                }
-                r
+                probe(b, &mut used_points)
             }
         };
         let fits = matches!(r, Ok(p) if p <= budget.bytes);
@@ -442,18 +445,13 @@ impl<'a> DetectorProber<'a> {
     /// them: after one unmeasured warm-up pass (on CUDA: the first pass at a new shape runs
     /// cuDNN's one-off algorithm search, whose scratch adapts to what is free and never recurs),
     /// the pool is trimmed and [`MEASURED_PASSES`] passes run back to back with the pool left as
-    /// the agent leaves it between batches; the reserved high-water mark over them counts.
+    /// the agent leaves it between batches; the reserved high-water mark over them is what the
+    /// planner plans on, the used one (the tensors alone, without the pool's granules and
+    /// fragmentation) what it reports beside it.
     /// Trimming between passes read low: where large activations land in a pool that still holds
     /// the previous pass's free blocks differs from an empty pool (H200, session 4: yolov9m
     /// batch 74 read 3232 MiB from an empty pool, and peaked at 3680 MiB in a 1000-batch soak).
-    pub fn measure(&self, batch: usize) -> Result<u64, ProbeError> {
-        Ok(self.measure_peaks(batch)?.reserved)
-    }
-
-    /// [`Self::measure`] with the *used* high-water mark beside the reserved one: the bytes the
-    /// pass's tensors held at once, without the pool's granules and fragmentation (what
-    /// `plan --sweep` reports next to the reserved peak).
-    pub fn measure_peaks(&self, batch: usize) -> Result<Peaks, ProbeError> {
+    pub fn measure(&self, batch: usize) -> Result<Peaks, ProbeError> {
         if self.det.device().is_cuda() {
             self.run_batch(batch)?;
         }
@@ -572,7 +570,7 @@ fn cand_err(e: candle_core::Error) -> ProbeError {
 
 impl Prober for DetectorProber<'_> {
     fn peak_at(&mut self, batch: usize) -> Result<u64, ProbeError> {
-        let p = self.measure_peaks(batch)?;
+        let p = self.measure(batch)?;
         self.last_used = Some(p.used);
         Ok(p.reserved)
     }

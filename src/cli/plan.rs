@@ -81,7 +81,7 @@ fn sweep(prober: &DetectorProber, plan: &planner::Plan) -> Sweep {
     let mut points: Vec<SweepPoint> = Vec::new();
     let measure = |b: usize, points: &mut Vec<SweepPoint>| -> bool {
         let predicted = plan.fit.predict(b);
-        let r = prober.measure_peaks(b);
+        let r = prober.measure(b);
         let (measured, measured_used, oom) = match &r {
             Ok(p) => (Some(p.reserved), Some(p.used), false),
             Err(_) => (None, None, true),

@@ -6,7 +6,7 @@
 //! op so that it allocates from candle's pool like everything else.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
 
@@ -140,8 +140,7 @@ fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType + candle_core::WithDT
     // SAFETY: every element is written by the kernel below.
     let out = unsafe { dev.alloc::<T>(n)? };
     let units = if pairs == Pairs::No { n } else { n / 2 };
-    let blocks = units.div_ceil(256).clamp(1, 1 << 20) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = super::grid(units, 256);
     let (act, has_res) = (act as i32, res.is_some() as i32);
     let units = units as u32;
     let (hw_units, c) = match pairs {

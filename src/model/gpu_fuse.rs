@@ -3,7 +3,7 @@
 //! place (no upsampled copies at full resolution).
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, InplaceOp2, InplaceOp3, Layout, Shape, Tensor};
 
@@ -60,74 +60,78 @@ fn src(out: &Layout, s: &Layout) -> candle_core::Result<Src> {
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
-/// Launches the kernel: `out = base + up(s0) (+ up(s1))`; `out` is a new buffer, or `base` itself.
-fn launch<T: DeviceRepr + CudaDType + candle_core::WithDType>(dev: &candle_core::CudaDevice, base: &CudaSlice<T>, bl: &Layout, out: Option<&CudaSlice<T>>, s0: Arg, s1: Option<Arg>) -> candle_core::Result<Option<CudaSlice<T>>> {
-    let kernel = if T::DTYPE == DType::F16 { "fuse_f16" } else { "fuse_f32" };
-    let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
-    if !bl.is_contiguous() || bl.start_offset() != 0 && out.is_some() {
+/// Launches the kernel: `out = base + up(s0) (+ up(s1))`, `base` laid out by `bl`; `out` is a
+/// new buffer, or `base` itself (in place: each element is read and written by one thread).
+fn launch<T: DeviceRepr + CudaDType + candle_core::WithDType>(dev: &candle_core::CudaDevice, base: &CudaSlice<T>, bl: &Layout, out: &CudaSlice<T>, s0: Arg, s1: Option<Arg>) -> candle_core::Result<()> {
+    if !bl.is_contiguous() {
         candle_core::bail!("cbfuse: the accumulator must be contiguous");
     }
+    let kernel = if T::DTYPE == DType::F16 { "fuse_f16" } else { "fuse_f32" };
+    let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
     let (_, h, w, c) = bl.shape().dims4()?;
-    let total = bl.shape().elem_count() as u64;
+    let total = bl.shape().elem_count();
     let bv = base.slice(bl.start_offset()..);
     let d0 = src(bl, s0.1)?;
     let v0 = s0.0.as_cuda_slice::<T>()?.slice(s0.1.start_offset()..);
+    // without a second source the kernel never reads it; the first stands in
     let (d1, v1) = match s1 {
         Some((s, l)) => (src(bl, l)?, s.as_cuda_slice::<T>()?.slice(l.start_offset()..)),
         None => (d0, s0.0.as_cuda_slice::<T>()?.slice(s0.1.start_offset()..)),
     };
-    // SAFETY: every element is written by the kernel below.
-    let fresh = if out.is_none() { Some(unsafe { dev.alloc::<T>(total as usize)? }) } else { None };
-    let blocks = (total as usize).div_ceil(256).clamp(1, 1 << 20) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let two = s1.is_some() as i32;
+    let (two, total64) = (s1.is_some() as i32, total as u64);
     let (h, w, c) = (h as u32, w as u32, c as u32);
     let mut builder = func.builder();
     builder.arg(&bv);
-    match (&fresh, out) {
-        (Some(f), _) => builder.arg(f),
-        (None, Some(o)) => builder.arg(o),
-        (None, None) => unreachable!("either a fresh buffer or the accumulator"),
-    };
+    builder.arg(out);
     builder.arg(&v0);
     builder.arg(&d0);
     builder.arg(&v1);
     builder.arg(&d1);
     builder.arg(&two);
-    builder.arg(&total);
+    builder.arg(&total64);
     builder.arg(&h);
     builder.arg(&w);
     builder.arg(&c);
-    // SAFETY: argument list matches `kernels/fuse.cu`; every source index is inside its slice
-    // (checked shapes: the source is the output downsampled by f in H and W).
-    unsafe { builder.launch(cfg) }.w()?;
-    Ok(fresh)
+    // SAFETY: argument list matches `kernels/fuse.cu`; `out` holds `total` elements; every
+    // source index is inside its slice (checked shapes: the source is the output downsampled by
+    // f in H and W).
+    unsafe { builder.launch(super::grid(total, 256)) }.w()?;
+    Ok(())
+}
+
+fn fresh_t<T: DeviceRepr + CudaDType + candle_core::WithDType>(base: Arg, s0: Arg, s1: Option<Arg>) -> candle_core::Result<CudaSlice<T>> {
+    let dev = base.0.device();
+    // SAFETY: every element is written by the kernel.
+    let out = unsafe { dev.alloc::<T>(base.1.shape().elem_count())? };
+    launch::<T>(dev, base.0.as_cuda_slice()?, base.1, &out, s0, s1)?;
+    Ok(out)
 }
 
 fn fresh(base: Arg, s0: Arg, s1: Option<Arg>) -> candle_core::Result<(CudaStorage, Shape)> {
-    let dev = base.0.device().clone();
     let slice = match base.0.dtype() {
-        DType::F16 => CudaStorageSlice::F16(launch::<half::f16>(&dev, base.0.as_cuda_slice()?, base.1, None, s0, s1)?.expect("fresh buffer")),
-        DType::F32 => CudaStorageSlice::F32(launch::<f32>(&dev, base.0.as_cuda_slice()?, base.1, None, s0, s1)?.expect("fresh buffer")),
+        DType::F16 => CudaStorageSlice::F16(fresh_t::<half::f16>(base, s0, s1)?),
+        DType::F32 => CudaStorageSlice::F32(fresh_t::<f32>(base, s0, s1)?),
         dt => candle_core::bail!("cbfuse: unsupported dtype {dt:?}"),
     };
-    Ok((CudaStorage { slice, device: dev }, base.1.shape().clone()))
+    Ok((CudaStorage { slice, device: base.0.device().clone() }, base.1.shape().clone()))
 }
 
 fn in_place(acc: &mut CudaStorage, al: &Layout, s0: Arg, s1: Option<Arg>) -> candle_core::Result<()> {
+    if al.start_offset() != 0 {
+        candle_core::bail!("cbfuse: the accumulator must start at its buffer's start");
+    }
     let dev = acc.device().clone();
     match acc.dtype() {
         DType::F16 => {
             let a = acc.as_cuda_slice::<half::f16>()?;
-            launch::<half::f16>(&dev, a, al, Some(a), s0, s1)?;
+            launch::<half::f16>(&dev, a, al, a, s0, s1)
         }
         DType::F32 => {
             let a = acc.as_cuda_slice::<f32>()?;
-            launch::<f32>(&dev, a, al, Some(a), s0, s1)?;
+            launch::<f32>(&dev, a, al, a, s0, s1)
         }
         dt => candle_core::bail!("cbfuse: unsupported dtype {dt:?}"),
     }
-    Ok(())
 }
 
 impl CustomOp2 for Fuse {

@@ -3,7 +3,7 @@
 //! branch outputs to the reference's raw output layout.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
 
@@ -65,8 +65,7 @@ fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>((bx, bl): Arg, (cl, 
     let anchors = (n * h * w) as usize;
     // SAFETY: every element (4 + nc per anchor) is written by the kernel below.
     let out = unsafe { dev.alloc::<T>(anchors * (4 + nc as usize))? };
-    let blocks = anchors.div_ceil(128).clamp(1, 1 << 20) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let cfg = super::grid(anchors, 128);
     let mut builder = func.builder();
     builder.arg(&bv);
     builder.arg(&cv);

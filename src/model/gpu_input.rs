@@ -6,7 +6,7 @@
 //! this is one launch and one tensor.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
@@ -55,8 +55,7 @@ fn go<T: DeviceRepr>(x: &CudaStorage, l: &Layout, kernel: &str, pixels: usize, h
     let xv = x.as_cuda_slice::<u8>()?.slice(l.start_offset()..);
     // SAFETY: every element (3 per pixel) is written by the kernel below.
     let out = unsafe { dev.alloc::<T>(pixels * 3)? };
-    let blocks = pixels.div_ceil(256).clamp(1, 1 << 20) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = super::grid(pixels, 256);
     let (pixels, hw) = (pixels as u32, hw as u32);
     let mut builder = func.builder();
     builder.arg(&xv);

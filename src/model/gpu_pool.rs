@@ -3,7 +3,7 @@
 //! activation (ADown pools half of its channels), read in place.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
@@ -80,8 +80,7 @@ fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(x: &CudaStorage, l: 
     let threads = dims[0] as usize;
     // SAFETY: every output element is written by the kernel below.
     let out = unsafe { dev.alloc::<T>(n_out)? };
-    let blocks = threads.div_ceil(256).clamp(1, 1 << 20) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = super::grid(threads, 256);
     let is_max = max as i32;
     let mut builder = func.builder();
     builder.arg(&xv);

@@ -18,6 +18,14 @@ pub(crate) mod gpu_graph;
 pub(crate) mod gpu_input;
 #[cfg(feature = "cuda")]
 mod gpu_fuse;
+
+/// The launch shape of the project's grid-stride kernels: `block` threads per block and enough
+/// blocks for one thread per work unit, at most 2^20 (each thread then loops over the rest).
+#[cfg(feature = "cuda")]
+pub(crate) fn grid(units: usize, block: u32) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+    let blocks = units.div_ceil(block as usize).clamp(1, 1 << 20) as u32;
+    candle_core::cuda_backend::cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
 #[cfg(feature = "cuda")]
 mod gpu_head;
 #[cfg(feature = "cuda")]

@@ -3,16 +3,26 @@
 // computed in f32 and rounded once (candle needs three kernels and three round trips through
 // memory for this: broadcast add, silu, add). NCHW, contiguous; `hw` = H*W, `c` = channels.
 // Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_epilogue.rs.
-#include <cuda_fp16.h>
+#include "common.cuh"
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
 
-template <typename T> __device__ __forceinline__ float ld(T v);
-template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
-template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T st(float v);
-template <> __device__ __forceinline__ float st<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+// act(y + b) (+ r) for two halves at once, rounded once.
+__device__ __forceinline__ __half2 pair(__half2 y, float2 b, const __half2 *res, unsigned int i, int act, int has_res) {
+  float2 v = __half22float2(y);
+  v.x += b.x;
+  v.y += b.y;
+  if (act) {
+    v.x = silu(v.x);
+    v.y = silu(v.y);
+  }
+  if (has_res) {
+    const float2 r = __half22float2(res[i]);
+    v.x += r.x;
+    v.y += r.y;
+  }
+  return __floats2half2_rn(v.x, v.y);
+}
 
 template <typename T>
 __device__ void bias_act(const T *y, const T *bias, const T *res, T *out, unsigned int n,
@@ -39,20 +49,8 @@ extern "C" __global__ void bias_act_f16(const __half *y, const __half *bias, con
 extern "C" __global__ void bias_act_f16x2(const __half2 *y, const __half *bias, const __half2 *res, __half2 *out,
                                           unsigned int n2, unsigned int hw2, unsigned int c, int act, int has_res) {
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += blockDim.x * gridDim.x) {
-    float b = __half2float(bias[(i / hw2) % c]);
-    float2 v = __half22float2(y[i]);
-    v.x += b;
-    v.y += b;
-    if (act) {
-      v.x = silu(v.x);
-      v.y = silu(v.y);
-    }
-    if (has_res) {
-      float2 r = __half22float2(res[i]);
-      v.x += r.x;
-      v.y += r.y;
-    }
-    out[i] = __floats2half2_rn(v.x, v.y);
+    const float b = __half2float(bias[(i / hw2) % c]);
+    out[i] = pair(y[i], make_float2(b, b), res, i, act, has_res);
   }
 }
 
@@ -61,20 +59,6 @@ extern "C" __global__ void bias_act_f16x2(const __half2 *y, const __half *bias, 
 // pairs, c2 = C/2 bias pairs.
 extern "C" __global__ void bias_act_cl_f16x2(const __half2 *y, const __half2 *bias, const __half2 *res, __half2 *out,
                                              unsigned int n2, unsigned int c2, int act, int has_res) {
-  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += blockDim.x * gridDim.x) {
-    float2 b = __half22float2(bias[i % c2]);
-    float2 v = __half22float2(y[i]);
-    v.x += b.x;
-    v.y += b.y;
-    if (act) {
-      v.x = silu(v.x);
-      v.y = silu(v.y);
-    }
-    if (has_res) {
-      float2 r = __half22float2(res[i]);
-      v.x += r.x;
-      v.y += r.y;
-    }
-    out[i] = __floats2half2_rn(v.x, v.y);
-  }
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += blockDim.x * gridDim.x)
+    out[i] = pair(y[i], __half22float2(bias[i % c2]), res, i, act, has_res);
 }

@@ -4,14 +4,7 @@
 // and written by the same thread. candle needs a strided copy, a broadcast copy and an add per
 // source, at full resolution.
 // Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_fuse.rs.
-#include <cuda_fp16.h>
-
-template <typename T> __device__ __forceinline__ float ld(T v);
-template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
-template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T st(float v);
-template <> __device__ __forceinline__ float st<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+#include "common.cuh"
 
 // One source: element (b, y, x, c) of the output reads src[b*s.n + (y/f)*s.h + (x/f)*s.w + c*s.c].
 struct Src {

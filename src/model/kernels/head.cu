@@ -6,14 +6,7 @@
 // and as many passes over the (B, 4*reg_max + nc, anchors) tensor for the same.
 // f32 arithmetic, rounded once. One thread per (picture, anchor).
 // Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_head.rs.
-#include <cuda_fp16.h>
-
-template <typename T> __device__ __forceinline__ float ld(T v);
-template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
-template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T st(float v);
-template <> __device__ __forceinline__ float st<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+#include "common.cuh"
 
 template <typename T>
 __device__ void decode(const T *bx, const T *cl, const float *proj, T *out, unsigned int n, unsigned int h,

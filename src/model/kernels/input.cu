@@ -3,11 +3,7 @@
 // bytes and writes one element of each channel plane (coalesced per plane). The division is done
 // in f32 and rounded once, as torch's `im.half() / 255` does.
 // Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_input.rs.
-#include <cuda_fp16.h>
-
-template <typename T> __device__ __forceinline__ T st(float v);
-template <> __device__ __forceinline__ float st<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+#include "common.cuh"
 
 template <typename T>
 __device__ void normalize(const unsigned char *x, unsigned int pixels, unsigned int hw, T *y) {

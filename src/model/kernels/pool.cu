@@ -6,14 +6,7 @@
 // f32 arithmetic, rounded once. Consecutive threads take consecutive channels (coalesced); the
 // f16 kernel for c and cs divisible by 8 moves 8 channels (16 bytes) per load.
 // Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_pool.rs.
-#include <cuda_fp16.h>
-
-template <typename T> __device__ __forceinline__ float ld(T v);
-template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
-template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T st(float v);
-template <> __device__ __forceinline__ float st<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+#include "common.cuh"
 
 template <typename T>
 __device__ void pool(const T *x, T *y, unsigned int n_out, unsigned int h, unsigned int w, unsigned int c, unsigned int cs,
