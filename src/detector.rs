@@ -264,7 +264,14 @@ impl Detector {
         }
         let raw = self.raw(batch)?;
         let cands = self.candidates(&raw, th.conf)?;
-        Ok(cands.into_iter().zip(batch).map(|(c, lb)| postprocess::finish(c, th, &lb.geometry, &self.info().names)).collect())
+        let names = &self.info().names;
+        if batch.len() == 1 {
+            return Ok(cands.into_iter().zip(batch).map(|(c, lb)| postprocess::finish(c, th, &lb.geometry, names)).collect());
+        }
+        // NMS per picture on rayon's pool: a crowded scene (or an untrained model: every anchor
+        // a candidate) costs milliseconds per picture, which would add up serially
+        use rayon::prelude::*;
+        Ok(cands.into_par_iter().zip(batch.par_iter()).map(|(c, lb)| postprocess::finish(c, th, &lb.geometry, names)).collect())
     }
 }
 

@@ -61,6 +61,8 @@ struct SweepPoint {
     error: Option<f64>,
     /// the used high-water mark of the same passes (tensors only, no pool granules)
     measured_used: Option<u64>,
+    /// the arena the pool was grown to before the passes (0: none)
+    arena: u64,
     fits: bool,
     oom: bool,
 }
@@ -82,13 +84,13 @@ fn sweep(prober: &DetectorProber, plan: &planner::Plan) -> Sweep {
     let measure = |b: usize, points: &mut Vec<SweepPoint>| -> bool {
         let predicted = plan.fit.predict(b);
         let r = prober.measure(b);
-        let (measured, measured_used, oom) = match &r {
-            Ok(p) => (Some(p.reserved), Some(p.used), false),
-            Err(_) => (None, None, true),
+        let (measured, measured_used, arena, oom) = match &r {
+            Ok(p) => (Some(p.reserved), Some(p.used), p.arena, false),
+            Err(_) => (None, None, 0, true),
         };
         let fits = measured.is_some_and(|m| m <= budget);
         let error = measured.map(|m| (predicted as f64 - m as f64) / m as f64);
-        points.push(SweepPoint { batch: b, predicted, measured, error, measured_used, fits, oom });
+        points.push(SweepPoint { batch: b, predicted, measured, error, measured_used, arena, fits, oom });
         fits
     };
     // geometric-ish ladder, then bisection between the last fitting and the first failing batch
@@ -171,18 +173,20 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let mem = devmem::device_memory(&dev)?;
     let budget = Budget::new(mem, &cfg);
     let t1 = Instant::now();
-    let plan = planner::plan(&mut DetectorProber::new(&det), budget, &cfg)?;
+    let mut prober = DetectorProber::new(&det);
+    let arena_margin = prober.arena().map(|a| a.margin);
+    let plan = planner::plan(&mut prober, budget, &cfg)?;
     let plan_ms = t1.elapsed().as_secs_f64() * 1e3;
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);
     let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan));
     let limit = cfg.memory_limit;
     let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
     let soak_json = soaked.as_ref().map(|(k, ballast)| {
-        serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak,
+        serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak, "arena": k.arena,
             "within_budget": k.peak <= plan.budget.bytes, "ballast": ballast, "stages": k.stages})
     });
     if a.json {
-        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "sweep": sw, "soak": soak_json});
+        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "arena_margin": arena_margin, "sweep": sw, "soak": soak_json});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("model        {name} on {} in {} at {}x{}", device::device_name(&dev), device::dtype_name(dtype), a.imgsz, a.imgsz);
