@@ -17,7 +17,7 @@
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
-#      SWEEP_CASES ("t:4GiB ...", instead of PLAN_VARIANTS x PLAN_LIMITS) DEADLINE (epoch s: sweep
+#      SWEEP_CASES ("t:4GiB ...", instead of PLAN_VARIANTS x PLAN_LIMITS) SWEEP_REPEATS (readings per batch under 1 GiB, 1) DEADLINE (epoch s: sweep
 #      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of upab/algoab)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
@@ -223,8 +223,8 @@ fi
 
 if has sweep; then
   say "## planner sweep + soak (f16, 640, fraction 0.8, max_batch 256): predicted vs measured at every batch up to the chosen one, the largest batch that fits, OOM count at the chosen batch"
-  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches >= chosen/4 | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s |"
-  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches >= chosen/4 | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s | repeat spread, batches <= chosen with peak >= 320 MiB (SWEEP_REPEATS) |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   cases="${SWEEP_CASES:-$(for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do echo -n "$v:$lim "; done; done)}"
   for c in $cases; do
     v=${c%%:*}; lim=${c#*:}
@@ -237,7 +237,7 @@ if has sweep; then
       [ $(( left - 90 )) -lt "$secs" ] && secs=$(( left - 90 ))
       [ "$left" -lt "$tmo" ] && tmo=$left
     fi
-    timeout "$tmo" "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --soak "${SOAK:-1000}" --soak-seconds "$secs" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
+    timeout "$tmo" "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats "${SWEEP_REPEATS:-1}" --soak "${SOAK:-1000}" --soak-seconds "$secs" --json > "$W/sweep-$v-$lim.json" 2> "$W/sweep-$v-$lim.log"
     python3 - "$W/sweep-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
 import json, sys
 try:
@@ -246,7 +246,9 @@ try:
     rel = max([abs(q["error"]) for q in pts if q["measured"] >= 320 * M and q.get("error") is not None] or [0])
     ab = max([abs(q["predicted"] - q["measured"]) / M for q in pts] or [0])
     q4 = max([abs(q["error"]) for q in pts if 4 * q["batch"] >= p["batch"] and q.get("error") is not None] or [0])
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*q4:.1f}% | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} |")
+    sp = [(q["spread"], q["batch"]) for q in pts if q["measured"] >= 320 * M and q.get("spread") is not None]
+    spread = f"{100*max(sp)[0]:.1f}% (b{max(sp)[1]})" if sp else "-"
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*q4:.1f}% | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} | {spread} |")
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY

@@ -12,7 +12,6 @@ use candle_core::{DType, Device};
 use notify::Watcher;
 use tokio::sync::{mpsc, watch};
 
-use crate::arena::{ArenaPlan, ArenaPolicy};
 use crate::config::{BatchSpec, Config, ConfigError, SourceConfig};
 use crate::detector::Detector;
 use crate::events::EventSink;
@@ -178,9 +177,7 @@ async fn run_async(
     let (results_tx, results_rx) = mpsc::channel(depth + 8);
     let (images_tx, images_rx) = mpsc::channel(64);
 
-    // on CUDA the pool is grown to the planned arena of the working batch (crate::arena)
-    let arena = decision.plan.as_ref().filter(|_| device.is_cuda()).and_then(|p| Some(ArenaPlan { policy: ArenaPolicy::from_env()?, used: p.used_fit.clone()? }));
-    let pipeline = Pipeline::start(detector, batch, arena, cfg_rx.clone(), intake_rx, results_tx, events.clone(), stats.clone())?;
+    let pipeline = Pipeline::start(detector, batch, cfg_rx.clone(), intake_rx, results_tx, events.clone(), stats.clone())?;
     let model_meta = pipeline.model.clone();
     let control = pipeline.control.clone();
 

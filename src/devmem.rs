@@ -193,17 +193,6 @@ impl PeakMeter {
         }
     }
 
-    /// Grows the pool by one allocation of `bytes`, freed at once: under [`Self::hold_reserved`]
-    /// the pool keeps the memory, and the next pass carves its tensors out of it (CUDA; see
-    /// [`crate::arena`]). A no-op on the CPU.
-    pub fn reserve(&self, bytes: u64) -> Result<(), DevMemError> {
-        match &self.device {
-            #[cfg(feature = "cuda")]
-            Device::Cuda(d) => cuda::reserve(d, bytes),
-            _ => Ok(()),
-        }
-    }
-
     /// Returns cached but unused pool memory to the device (CUDA); a no-op on the CPU.
     pub fn trim(&self) -> Result<(), DevMemError> {
         match &self.device {
@@ -336,17 +325,6 @@ mod cuda {
         check("cuMemPoolSetAttribute", unsafe {
             sys::cuMemPoolSetAttribute(p, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut all as *mut u64 as *mut _)
         })
-    }
-
-    pub fn reserve(d: &CudaDevice, bytes: u64) -> Result<(), DevMemError> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let stream = d.cuda_stream();
-        // SAFETY: the memory is never read or written; it is freed (stream-ordered) right away.
-        let block = unsafe { stream.alloc::<u8>(bytes as usize) }.map_err(err("cuMemAllocAsync"))?;
-        drop(block);
-        stream.synchronize().map_err(err("cuStreamSynchronize"))
     }
 
     pub fn trim(d: &CudaDevice) -> Result<(), DevMemError> {

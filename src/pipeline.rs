@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::arena::ArenaPlan;
 use crate::config::Config;
 use crate::detector::Detector;
 use crate::events::EventSink;
@@ -155,7 +154,6 @@ impl Pipeline {
     pub fn start(
         detector: Detector,
         startup_batch: usize,
-        arena: Option<ArenaPlan>,
         cfg: watch::Receiver<Arc<Config>>,
         intake: mpsc::Receiver<Job>,
         results: mpsc::Sender<Outcome>,
@@ -191,8 +189,6 @@ impl Pipeline {
             cfg,
             startup: startup_batch,
             current: startup_batch,
-            arena,
-            arena_at: None,
             last_change: Instant::now(),
             last_oom: None,
             last_work: Instant::now(),
@@ -284,10 +280,6 @@ struct Worker {
     cfg: watch::Receiver<Arc<Config>>,
     startup: usize,
     current: usize,
-    /// The planned arena (CUDA, `batch = "auto"`), and the batch the pool was grown for (`None`:
-    /// not since the last trim).
-    arena: Option<ArenaPlan>,
-    arena_at: Option<usize>,
     last_change: Instant,
     last_oom: Option<Instant>,
     /// When the last batch ran, and whether the pool was given back since.
@@ -322,7 +314,6 @@ impl Worker {
                 self.last_work = Instant::now();
                 self.released = false;
                 self.stats.batches.fetch_add(1, Relaxed);
-                self.ensure_arena();
                 self.infer(&frames, &mut out);
             }
             let label: Arc<str> = self.model.read().map(|m| Arc::from(m.label.as_str())).unwrap_or_else(|_| Arc::from("unknown"));
@@ -377,7 +368,6 @@ impl Worker {
                 self.last_oom = Some(Instant::now());
                 let err = e.to_string().lines().next().unwrap_or_default().to_string();
                 // give the pool's cached, unused memory back before retrying smaller
-                self.arena_at = None;
                 if let Err(te) = crate::devmem::PeakMeter::new(self.detector.device()).trim() {
                     tracing::warn!(error = %te, "could not trim the memory pool after out-of-memory");
                 }
@@ -424,7 +414,6 @@ impl Worker {
             return;
         }
         self.released = true;
-        self.arena_at = None;
         let meter = crate::devmem::PeakMeter::new(self.detector.device());
         let before = meter.usage().map(|u| u.reserved).ok();
         match meter.trim() {
@@ -433,30 +422,6 @@ impl Worker {
                 self.events.emit("memory_released", serde_json::json!({"idle_s": idle.as_secs_f64(), "reserved_before": before, "reserved_after": after}));
             }
             Err(e) => tracing::warn!(error = %e, "could not release idle pool memory"),
-        }
-    }
-
-    /// Grows the pool to the planned arena of the working batch once per batch size (after a
-    /// trim, from an empty pool: the arena replaces what the pool held, rather than adding to it).
-    /// A failure is logged: the batch then grows the pool on demand, or falls back on OOM.
-    fn ensure_arena(&mut self) {
-        let Some(plan) = &self.arena else { return };
-        if self.arena_at == Some(self.current) || !self.detector.device().is_cuda() {
-            return;
-        }
-        let bytes = plan.bytes(self.current);
-        let meter = crate::devmem::PeakMeter::new(self.detector.device());
-        let r = meter.trim().and_then(|()| meter.reserve(bytes));
-        self.arena_at = Some(self.current);
-        match r {
-            Ok(()) => {
-                self.stats.arena_bytes.store(bytes, Relaxed);
-                tracing::debug!(batch = self.current, mib = bytes >> 20, "pool grown to the batch's arena");
-            }
-            Err(e) => {
-                self.stats.arena_bytes.store(0, Relaxed);
-                tracing::warn!(batch = self.current, mib = bytes >> 20, error = %e, "could not grow the pool to the batch's arena; it grows on demand");
-            }
         }
     }
 
@@ -476,10 +441,6 @@ impl Worker {
         let old = std::mem::replace(&mut self.detector, d);
         let old_meta = ModelMeta::of(&old);
         drop(old);
-        // the plan's memory model was the old model's: the new one grows the pool on demand
-        self.arena = None;
-        self.arena_at = None;
-        self.stats.arena_bytes.store(0, Relaxed);
         if let Ok(mut m) = self.model.write() {
             *m = meta.clone();
         }

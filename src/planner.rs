@@ -12,7 +12,6 @@
 
 use serde::Serialize;
 
-use crate::arena::ArenaPolicy;
 use crate::detector::Detector;
 use crate::devmem::{self, DeviceMemory, PeakMeter};
 use crate::postprocess::Thresholds;
@@ -50,12 +49,6 @@ pub trait Prober {
     /// pool's *used* high-water mark), where the prober can read it; the planner reports the
     /// model's own memory from it beside the pool's reservation.
     fn last_used(&self) -> Option<u64> {
-        None
-    }
-
-    /// How the prober measures, where that changes what the figures mean (one line of the
-    /// plan's reasons).
-    fn method(&self) -> Option<String> {
         None
     }
 }
@@ -251,7 +244,6 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
         budget.memory_limit.map_or("none".to_string(), |l| mib(l as f64)),
         budget.memory_fraction
     )];
-    reasons.extend(prober.method());
     let mut points: Vec<(usize, u64)> = Vec::new();
     let mut used_points: Vec<(usize, u64)> = Vec::new();
     let mut failed_at: Option<usize> = None;
@@ -423,8 +415,6 @@ pub struct Peaks {
     pub reserved: u64,
     /// Memory the pass's tensors held at once.
     pub used: u64,
-    /// The arena the pool was grown to before the passes (0: none; see [`crate::arena`]).
-    pub arena: u64,
 }
 
 /// The real prober: one batch through the agent's own path (u8 pictures uploaded, normalised
@@ -440,8 +430,6 @@ pub struct DetectorProber<'a> {
     picture: Letterboxed,
     /// The used high-water mark of the last successful probe.
     last_used: Option<u64>,
-    /// How the pool is grown before the measured passes (CUDA; `None`: on demand).
-    arena: Option<ArenaPolicy>,
 }
 
 impl<'a> DetectorProber<'a> {
@@ -450,21 +438,7 @@ impl<'a> DetectorProber<'a> {
         // a textured picture (not a constant: some kernels take shortcuts on zeros)
         let pixels: Vec<u8> = (0..(s * s * 3) as usize).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let picture = Letterboxed { pixels, geometry: LetterboxGeometry::new(s, s, s) };
-        let arena = ArenaPolicy::from_env().filter(|_| det.device().is_cuda());
-        Self { det, meter: PeakMeter::new(det.device()), picture, last_used: None, arena }
-    }
-
-    /// The arena policy the measurements use (`None`: the pool grows on demand).
-    pub fn arena(&self) -> Option<ArenaPolicy> {
-        self.arena
-    }
-
-    /// The arena for passes at `batch`: the tensors' own peak, read from one pass from a trimmed
-    /// pool, sized by the policy (0 without one).
-    fn arena_for(&self, batch: usize) -> Result<u64, ProbeError> {
-        let Some(policy) = self.arena else { return Ok(0) };
-        let ((), first) = self.high_water(0, || self.run_batch(batch))?;
-        Ok(policy.size(first.used))
+        Self { det, meter: PeakMeter::new(det.device()), picture, last_used: None }
     }
 
     /// Peak bytes above the resident set for batches of `batch` pictures, as the agent runs
@@ -477,31 +451,24 @@ impl<'a> DetectorProber<'a> {
     /// Trimming between passes read low: where large activations land in a pool that still holds
     /// the previous pass's free blocks differs from an empty pool (H200, session 4: yolov9m
     /// batch 74 read 3232 MiB from an empty pool, and peaked at 3680 MiB in a 1000-batch soak).
-    /// With an arena policy (CUDA, see [`crate::arena`]) the pool is grown to the arena for the
-    /// tensors' own peak first (read from one more pass), so that the reserved figure is the
-    /// arena, or more where the passes needed more.
     pub fn measure(&self, batch: usize) -> Result<Peaks, ProbeError> {
-        let r = (|| {
-            if self.det.device().is_cuda() {
-                self.run_batch(batch)?;
-            }
-            let arena = self.arena_for(batch)?;
-            self.high_water(arena, || (0..MEASURED_PASSES).try_for_each(|_| self.run_batch(batch)))
-        })();
+        if self.det.device().is_cuda() {
+            self.run_batch(batch)?;
+        }
+        let r = self.high_water(|| (0..MEASURED_PASSES).try_for_each(|_| self.run_batch(batch)));
         let _ = self.meter.trim(); // also after an out-of-memory error: the next probe starts clean
         Ok(r?.1)
     }
 
-    /// Runs `work` from a trimmed pool grown by `arena` bytes (0: not grown) with the high-water
-    /// marks reset; returns its result and the high-water marks above the trimmed start (bytes).
-    fn high_water<T>(&self, arena: u64, work: impl FnOnce() -> Result<T, ProbeError>) -> Result<(T, Peaks), ProbeError> {
+    /// Runs `work` from a trimmed pool with the high-water marks reset; returns its result and the
+    /// high-water marks above the trimmed start (bytes).
+    fn high_water<T>(&self, work: impl FnOnce() -> Result<T, ProbeError>) -> Result<(T, Peaks), ProbeError> {
         self.meter.trim().map_err(dev_err)?;
         let base = self.meter.usage().map_err(dev_err)?;
-        self.meter.reserve(arena).map_err(dev_err)?;
         self.meter.reset().map_err(dev_err)?;
         let r = work();
         let peak = self.meter.usage().map_err(dev_err)?;
-        Ok((r?, Peaks { reserved: peak.reserved_high.saturating_sub(base.reserved), used: peak.used_high.saturating_sub(base.used), arena }))
+        Ok((r?, Peaks { reserved: peak.reserved_high.saturating_sub(base.reserved), used: peak.used_high.saturating_sub(base.used) }))
     }
 
     /// One batch of `batch` textured pictures through the agent's path, synchronised.
@@ -517,9 +484,8 @@ impl<'a> DetectorProber<'a> {
     /// recording the reserved high-water mark over the whole run (above the trimmed start).
     pub fn soak(&self, batch: usize, passes: usize, max_s: f64) -> Result<Soak, ProbeError> {
         let stages = self.stage_times(batch, STAGE_PASSES)?;
-        let arena = self.arena_for(batch)?;
         let t = std::time::Instant::now();
-        let ((done, oom), peak) = self.high_water(arena, || {
+        let ((done, oom), peak) = self.high_water(|| {
             let (mut done, mut oom) = (0, 0);
             while done < passes && t.elapsed().as_secs_f64() < max_s {
                 match self.run_batch(batch) {
@@ -531,7 +497,7 @@ impl<'a> DetectorProber<'a> {
             }
             Ok((done, oom))
         })?;
-        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak: peak.reserved, arena, stages })
+        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak: peak.reserved, stages })
     }
 
     /// Where a batch's time goes on the agent's path, median over `n` batches, each stage
@@ -586,20 +552,12 @@ pub struct Soak {
     pub seconds: f64,
     /// Reserved high-water mark over the soak, above the trimmed start (bytes).
     pub peak: u64,
-    /// The arena the pool was grown to before the soak (0: none).
-    pub arena: u64,
     /// Where the time of a batch goes (timed before the soak).
     pub stages: StageTimes,
 }
 
 fn dev_err(e: devmem::DevMemError) -> ProbeError {
-    let m = e.to_string();
-    // growing the pool to an arena can run out like any allocation: the planner steps down
-    if m.contains("OUT_OF_MEMORY") {
-        ProbeError::Oom(m)
-    } else {
-        ProbeError::Other(m)
-    }
+    ProbeError::Other(e.to_string())
 }
 
 fn cand_err(e: candle_core::Error) -> ProbeError {
@@ -619,16 +577,6 @@ impl Prober for DetectorProber<'_> {
 
     fn last_used(&self) -> Option<u64> {
         self.last_used
-    }
-
-    fn method(&self) -> Option<String> {
-        self.arena.map(|a| {
-            format!(
-                "each measured pass runs in an arena: the pool is first grown to the tensors' own peak + {:.0} % (whole {} MiB granules), so the footprint is planned, not left to where the pool maps its granules; what a pass needs beyond it still counts",
-                a.margin * 100.0,
-                crate::arena::GRANULE >> 20
-            )
-        })
     }
 }
 

@@ -107,8 +107,6 @@ pub struct Stats {
     /// The planner's predicted and verified peak bytes at the startup batch (0: not planned).
     pub plan_predicted_peak: AtomicU64,
     pub plan_verified_peak: AtomicU64,
-    /// The arena the pool was last grown to for the working batch (0: none; see crate::arena).
-    pub arena_bytes: AtomicU64,
     pub model_reloads: AtomicU64,
     pub config_applied: AtomicU64,
     pub config_rejected: AtomicU64,
@@ -190,7 +188,6 @@ pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, base
         "oom_fallbacks": g(&stats.oom_fallbacks),
         "last_oom_ms": nonzero(last_oom),
         "predicted_peak": nonzero(g(&stats.plan_predicted_peak)), "verified_peak": nonzero(g(&stats.plan_verified_peak)),
-        "arena": nonzero(g(&stats.arena_bytes)),
     });
     v["fps"] = serde_json::json!((fps * 100.0).round() / 100.0);
     v["frames"] = serde_json::json!({

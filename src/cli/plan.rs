@@ -42,6 +42,11 @@ pub struct PlanArgs {
     /// good the memory model is, and the largest batch that really fits.
     #[arg(long)]
     sweep: bool,
+    /// With --sweep, measure every batch whose first reading is under 1 GiB this many times in
+    /// all (each from a trimmed pool): how repeatable the pool's reservation is where a few
+    /// 32 MiB granules are a large share of it.
+    #[arg(long, default_value_t = 1)]
+    sweep_repeats: usize,
     /// After planning, run this many forward passes at the chosen batch and count
     /// out-of-memory errors (a soak test of the decision).
     #[arg(long, default_value_t = 0)]
@@ -61,8 +66,10 @@ struct SweepPoint {
     error: Option<f64>,
     /// the used high-water mark of the same passes (tensors only, no pool granules)
     measured_used: Option<u64>,
-    /// the arena the pool was grown to before the passes (0: none)
-    arena: u64,
+    /// further readings of the same batch (`--sweep-repeats`), each from a trimmed pool
+    repeats: Vec<u64>,
+    /// (largest - smallest) / smallest reading of this batch
+    spread: Option<f64>,
     fits: bool,
     oom: bool,
 }
@@ -78,19 +85,27 @@ struct Sweep {
     worst_error_to_chosen: f64,
 }
 
-fn sweep(prober: &DetectorProber, plan: &planner::Plan) -> Sweep {
+fn sweep(prober: &DetectorProber, plan: &planner::Plan, repeats: usize) -> Sweep {
     let budget = plan.budget.bytes;
     let mut points: Vec<SweepPoint> = Vec::new();
     let measure = |b: usize, points: &mut Vec<SweepPoint>| -> bool {
         let predicted = plan.fit.predict(b);
         let r = prober.measure(b);
-        let (measured, measured_used, arena, oom) = match &r {
-            Ok(p) => (Some(p.reserved), Some(p.used), p.arena, false),
-            Err(_) => (None, None, 0, true),
+        let (measured, measured_used, oom) = match &r {
+            Ok(p) => (Some(p.reserved), Some(p.used), false),
+            Err(_) => (None, None, true),
         };
         let fits = measured.is_some_and(|m| m <= budget);
         let error = measured.map(|m| (predicted as f64 - m as f64) / m as f64);
-        points.push(SweepPoint { batch: b, predicted, measured, error, measured_used, arena, fits, oom });
+        let again: Vec<u64> = match measured {
+            Some(m) if m < 1 << 30 => (1..repeats).filter_map(|_| prober.measure(b).ok().map(|p| p.reserved)).collect(),
+            _ => Vec::new(),
+        };
+        let spread = measured.filter(|_| !again.is_empty()).map(|m| {
+            let (lo, hi) = again.iter().fold((m, m), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+            (hi - lo) as f64 / lo.max(1) as f64
+        });
+        points.push(SweepPoint { batch: b, predicted, measured, error, measured_used, repeats: again, spread, fits, oom });
         fits
     };
     // geometric-ish ladder, then bisection between the last fitting and the first failing batch
@@ -173,20 +188,18 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let mem = devmem::device_memory(&dev)?;
     let budget = Budget::new(mem, &cfg);
     let t1 = Instant::now();
-    let mut prober = DetectorProber::new(&det);
-    let arena_margin = prober.arena().map(|a| a.margin);
-    let plan = planner::plan(&mut prober, budget, &cfg)?;
+    let plan = planner::plan(&mut DetectorProber::new(&det), budget, &cfg)?;
     let plan_ms = t1.elapsed().as_secs_f64() * 1e3;
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);
-    let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan));
+    let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan, a.sweep_repeats.max(1)));
     let limit = cfg.memory_limit;
     let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
     let soak_json = soaked.as_ref().map(|(k, ballast)| {
-        serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak, "arena": k.arena,
+        serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak,
             "within_budget": k.peak <= plan.budget.bytes, "ballast": ballast, "stages": k.stages})
     });
     if a.json {
-        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "arena_margin": arena_margin, "sweep": sw, "soak": soak_json});
+        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "sweep": sw, "soak": soak_json});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("model        {name} on {} in {} at {}x{}", device::device_name(&dev), device::dtype_name(dtype), a.imgsz, a.imgsz);
