@@ -261,7 +261,14 @@ if has soak; then
   say "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"
   for c in ${SOAK_CASES:-t:4GiB}; do
     v=${c%%:*}; lim=${c#*:}
-    timeout $(( ${LONG_SOAK_SECONDS:-590} + 60 )) "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak "${SOAK:-1000}" --soak-seconds "${LONG_SOAK_SECONDS:-590}" --json > "$W/soak-$v-$lim.json" 2> "$W/soak-$v-$lim.log"
+    # with DEADLINE (epoch s), a soak is cut short to end in time, and one that cannot start is skipped
+    secs="${LONG_SOAK_SECONDS:-590}"
+    if [ -n "${DEADLINE:-}" ]; then
+      left=$(( DEADLINE - $(date +%s) ))
+      if [ "$left" -lt 60 ]; then say "| $v | $lim | skipped: ${left} s left |"; continue; fi
+      [ $(( left - 40 )) -lt "$secs" ] && secs=$(( left - 40 ))
+    fi
+    timeout $(( secs + 60 )) "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak "${SOAK:-1000}" --soak-seconds "$secs" --json > "$W/soak-$v-$lim.json" 2> "$W/soak-$v-$lim.log"
     python3 - "$W/soak-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
 import json, sys
 try:
