@@ -13,7 +13,7 @@
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
 # ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
-# Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64,128,256: issue 3's Proof)
+# Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64,128,256: issue 3's Proof) E2E_ITERS (10) E2E_TIMEOUT (per variant, 150)
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
