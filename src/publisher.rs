@@ -89,6 +89,8 @@ struct Publisher {
     fps: FpsMeter,
     conn_tx: mpsc::Sender<(u64, ConnEvent)>,
     conn_rx: mpsc::Receiver<(u64, ConnEvent)>,
+    /// Whether the last telemetry reading had the process over the planner's budget.
+    over_budget: bool,
 }
 
 /// Runs until the results channel closes (pipeline drained) and everything is delivered or
@@ -108,6 +110,7 @@ pub async fn run(parts: PublisherParts) {
         resend: VecDeque::new(),
         seq: 0,
         started: Instant::now(),
+        over_budget: false,
         fps: FpsMeter::new(0),
         conn_tx,
         conn_rx,
@@ -498,6 +501,28 @@ impl Publisher {
 
     fn telemetry(&mut self) {
         let mem = self.p.memory.query();
+        let budget = self.p.stats.plan_budget.load(Relaxed);
+        // what the pool reserves above the model (CUDA, after a plan; None: not watched)
+        let above = match (self.p.stats.budget_watch.get(), mem.process_reserved) {
+            (Some(&base), Some(r)) => Some(r.saturating_sub(base)),
+            _ => None,
+        };
+        if let Some(over) = telemetry::budget_crossing(self.over_budget, above, budget) {
+            self.over_budget = over;
+            let g = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+            self.p.events.emit(
+                if over { "memory_over_budget" } else { "memory_within_budget" },
+                serde_json::json!({
+                    "reserved": mem.process_reserved, "reserved_for_batches": above, "budget": budget,
+                    "verified_peak": g(&self.p.stats.plan_verified_peak), "batch": g(&self.p.stats.batch_current),
+                    "note": if over {
+                        "the memory pool holds more than the planner verified for this batch (its reservation varies from run to run); memory_fraction leaves the margin, and an out-of-memory error would split the batch"
+                    } else {
+                        "back within the planner's budget"
+                    },
+                }),
+            );
+        }
         let fps = self.fps.tick(self.p.stats.frames_ok.load(Relaxed));
         self.update_gauges();
         let base = serde_json::json!({"v": 1, "device_id": self.cfg.mqtt.device_id, "boot_id": self.p.boot_id, "ts": now_ts()});
