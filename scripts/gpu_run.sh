@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak reuseab ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -278,6 +278,30 @@ try:
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY
+  done
+fi
+
+if has reuseab; then
+  # the pool's reuse policy against the repeatability of the planner's small-batch readings
+  # (session 8: yolov9e batch 3 read 256-352 MiB over five readings from a trimmed pool)
+  say "## A/B: pool reuse by timing allowed (default) vs stream order only (YOLO_EDGE_POOL_REUSE=stream): sweep repeats"
+  for r in default stream; do
+    for c in ${REUSE_CASES:-e:16GiB m:8GiB}; do
+      v=${c%%:*}; lim=${c#*:}
+      YOLO_EDGE_POOL_REUSE=$r timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats 5 --json > "$W/reuse-$r-$v-$lim.json" 2> "$W/reuse-$r-$v-$lim.log"
+      python3 - "$W/reuse-$r-$v-$lim.json" "$r $v $lim" <<'PY' | tee -a "$SUM"
+import json, sys
+M = 2**20
+try:
+    d = json.load(open(sys.argv[1])); p = d["plan"]
+    pts = [q for q in d["sweep"]["points"] if q["batch"] <= p["batch"] and q.get("measured") is not None]
+    worst = max([abs(q["error"]) for q in pts if q["measured"] >= 320 * M] or [0])
+    sp = max([(q["spread"], q["batch"]) for q in pts if q.get("spread") is not None] or [(0, 0)])
+    print(f"{sys.argv[2]}: chosen {p['batch']}, worst error (peaks >= 320 MiB) {100*worst:.1f}%, worst spread {100*sp[0]:.1f}% (b{sp[1]}), sweep max {d['sweep']['largest_fitting']}")
+except Exception as e:
+    print(f"{sys.argv[2]}: failed: {e}")
+PY
+    done
   done
 fi
 

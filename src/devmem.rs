@@ -324,7 +324,20 @@ mod cuda {
         // SAFETY: the release threshold is a cuuint64_t read from a local.
         check("cuMemPoolSetAttribute", unsafe {
             sys::cuMemPoolSetAttribute(p, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut all as *mut u64 as *mut _)
-        })
+        })?;
+        // An experiment for the planner's small-batch readings, which do not repeat (H200,
+        // session 8): `YOLO_EDGE_POOL_REUSE=stream` lets the pool reuse freed memory in stream
+        // order only, without the reuse it may choose by timing (frees that already completed,
+        // or ones it can order behind an inserted dependency).
+        if std::env::var("YOLO_EDGE_POOL_REUSE").is_ok_and(|v| v == "stream") {
+            use sys::CUmemPool_attribute as A;
+            for a in [A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES] {
+                let mut off: i32 = 0;
+                // SAFETY: these reuse attributes are ints read from a local.
+                check("cuMemPoolSetAttribute", unsafe { sys::cuMemPoolSetAttribute(p, a, &mut off as *mut i32 as *mut _) })?;
+            }
+        }
+        Ok(())
     }
 
     pub fn trim(d: &CudaDevice) -> Result<(), DevMemError> {
