@@ -56,16 +56,13 @@ pub struct BatchDecision {
     pub batch: usize,
     pub reason: String,
     pub plan: Option<Plan>,
-    /// Bytes the process held before the plan's passes (model weights; the planner's peaks and
-    /// budget are above this).
-    pub resident: u64,
 }
 
 /// Decides the startup batch: fixed by config, or (`batch = "auto"`) planned from the device's
 /// memory with the loaded model: probe, fit, choose, verify (see [`crate::planner`]).
 pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, AgentError> {
     if let BatchSpec::Fixed(b) = cfg.device.batch {
-        return Ok(BatchDecision { batch: b, reason: format!("fixed by config (batch = {b})"), plan: None, resident: 0 });
+        return Ok(BatchDecision { batch: b, reason: format!("fixed by config (batch = {b})"), plan: None });
     }
     let pc = PlannerConfig {
         memory_limit: cfg.device.memory_limit,
@@ -77,7 +74,7 @@ pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, Agen
     // the budget is what is free with the model loaded (and cached pool memory given back)
     meter.trim().map_err(PlanError::from)?;
     let budget = Budget::new(devmem::device_memory(det.device()).map_err(PlanError::from)?, &pc);
-    let mut decision = match planner::plan(&mut DetectorProber::new(det), budget, &pc) {
+    let decision = match planner::plan(&mut DetectorProber::new(det), budget, &pc) {
         Ok(plan) => BatchDecision {
             batch: plan.batch,
             reason: format!(
@@ -89,19 +86,17 @@ pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, Agen
                 plan.budget.bytes as f64 / MIB
             ),
             plan: Some(plan),
-            resident: 0,
         },
         // the device is short of memory right now: start small, the OOM fallback guards the rest
         Err(e @ PlanError::NothingFits(_)) => {
             tracing::warn!(error = %e, "no batch fits the memory budget; starting at batch 1");
-            BatchDecision { batch: 1, reason: format!("planner: {e}; starting at batch 1"), plan: None, resident: 0 }
+            BatchDecision { batch: 1, reason: format!("planner: {e}; starting at batch 1"), plan: None }
         }
         Err(e) => return Err(e.into()),
     };
     // what telemetry's high-water mark reports is the running agent, not the probes
     let _ = meter.trim();
     let _ = meter.reset();
-    decision.resident = meter.usage().map(|u| u.reserved).unwrap_or(0);
     Ok(decision)
 }
 
@@ -173,10 +168,11 @@ async fn run_async(
         stats.plan_predicted_peak.store(p.predicted_peak, Relaxed);
         stats.plan_verified_peak.store(p.verified_peak, Relaxed);
         stats.plan_budget.store(p.budget.bytes, Relaxed);
-        // on CUDA the pool's reservation is watched against the budget (on the CPU the resident
-        // set also holds decode buffers and queues, which the plan does not cover)
+        // on CUDA the pool's reservation above what it holds now (the model; the plan trimmed
+        // the rest) is watched against the budget (on the CPU the resident set also holds decode
+        // buffers and queues, which the plan does not cover)
         if device.is_cuda() {
-            let _ = stats.budget_watch.set(decision.resident);
+            let _ = stats.budget_watch.set(PeakMeter::new(&device).usage().map(|u| u.reserved).unwrap_or(0));
         }
     }
     let boot = boot_id();

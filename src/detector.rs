@@ -265,13 +265,14 @@ impl Detector {
         let raw = self.raw(batch)?;
         let cands = self.candidates(&raw, th.conf)?;
         let names = &self.info().names;
+        let finish = |(c, lb): (Vec<Candidate>, &&Letterboxed)| postprocess::finish(c, th, &lb.geometry, names);
         if batch.len() == 1 {
-            return Ok(cands.into_iter().zip(batch).map(|(c, lb)| postprocess::finish(c, th, &lb.geometry, names)).collect());
+            return Ok(cands.into_iter().zip(batch).map(finish).collect());
         }
         // NMS per picture on rayon's pool: a crowded scene (or an untrained model: every anchor
         // a candidate) costs milliseconds per picture, which would add up serially
         use rayon::prelude::*;
-        Ok(cands.into_par_iter().zip(batch.par_iter()).map(|(c, lb)| postprocess::finish(c, th, &lb.geometry, names)).collect())
+        Ok(cands.into_par_iter().zip(batch.par_iter()).map(finish).collect())
     }
 }
 
