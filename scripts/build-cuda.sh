@@ -6,6 +6,7 @@
 #   COMPUTE_CAP: 90 H100/H200 (default), 89 Ada, 87 Jetson Orin, 86/80 Ampere.
 # Needs the toolchain of scripts/setup-cuda-build.sh (run it once; it is idempotent).
 # Output: dist/yolo-edge-cuda-sm<CAP>[-cudnn] and the same with .xz (about 5 MB).
+# With the device-memory arena (feature `arena`, cudarc patched at build time) unless NO_ARENA=1.
 # The binary needs the NVIDIA driver (libcuda.so.1) and CUDA 13.0 runtime libraries
 # (cudart 13, cublas 13, curand 10; cudnn 9 with --cudnn) on the target.
 set -euo pipefail
@@ -28,7 +29,18 @@ fi
 source "$PREFIX/env.sh"
 export CUDA_COMPUTE_CAP="$CAP"
 TARGET="${CARGO_TARGET_DIR:-target}"
-cargo build --release --features "$FEATURES" --bin yolo-edge
+# the device-memory arena (src/arena.rs, feature `arena`) needs cudarc's allocation hook: the
+# registry's cudarc with scripts/patches/cudarc-alloc-hook.patch applied, in the target folder;
+# NO_ARENA=1 builds without it. Cargo.lock is restored afterwards (a path patch rewrites it).
+if [ -z "${NO_ARENA:-}" ]; then
+  eval "$(bash scripts/patch-cudarc.sh "$TARGET")"
+  FEATURES="$FEATURES,arena"
+  cp Cargo.lock "$TARGET/Cargo.lock.orig"
+  trap 'cp "$TARGET/Cargo.lock.orig" Cargo.lock' EXIT
+  cargo build --release --features "$FEATURES" --bin yolo-edge --config "patch.crates-io.cudarc.path=\"$CUDARC_PATCHED\""
+else
+  cargo build --release --features "$FEATURES" --bin yolo-edge
+fi
 mkdir -p dist
 OUT="dist/yolo-edge-cuda-sm${CAP}${SUFFIX}"
 cp "$TARGET/release/yolo-edge" "$OUT"

@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak reuseab ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak reuseab arenaab ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -19,6 +19,7 @@
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
 #      SWEEP_CASES ("t:4GiB ...", instead of PLAN_VARIANTS x PLAN_LIMITS) SWEEP_REPEATS (readings per batch under 1 GiB, 1) DEADLINE (epoch s: sweep
 #      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of upab/algoab)
+#      REUSE_CASES, ARENA_CASES ("e:16GiB m:8GiB"; empty: no sweeps) ARENA_AB_VARIANTS (t,e) ARENA_AB_BATCHES (8,64,256)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -281,15 +282,9 @@ PY
   done
 fi
 
-if has reuseab; then
-  # the pool's reuse policy against the repeatability of the planner's small-batch readings
-  # (session 8: yolov9e batch 3 read 256-352 MiB over five readings from a trimmed pool)
-  say "## A/B: pool reuse by timing allowed (default) vs stream order only (YOLO_EDGE_POOL_REUSE=stream): sweep repeats"
-  for r in default stream; do
-    for c in ${REUSE_CASES:-e:16GiB m:8GiB}; do
-      v=${c%%:*}; lim=${c#*:}
-      YOLO_EDGE_POOL_REUSE=$r timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats 5 --json > "$W/reuse-$r-$v-$lim.json" 2> "$W/reuse-$r-$v-$lim.log"
-      python3 - "$W/reuse-$r-$v-$lim.json" "$r $v $lim" <<'PY' | tee -a "$SUM"
+# sweep_line JSON LABEL: one summary line of a `plan --sweep --sweep-repeats K [--soak]` JSON
+sweep_line() {
+  python3 - "$1" "$2" <<'PY' | tee -a "$SUM"
 import json, sys
 M = 2**20
 try:
@@ -297,12 +292,42 @@ try:
     pts = [q for q in d["sweep"]["points"] if q["batch"] <= p["batch"] and q.get("measured") is not None]
     worst = max([abs(q["error"]) for q in pts if q["measured"] >= 320 * M] or [0])
     sp = max([(q["spread"], q["batch"]) for q in pts if q.get("spread") is not None] or [(0, 0)])
-    print(f"{sys.argv[2]}: chosen {p['batch']}, worst error (peaks >= 320 MiB) {100*worst:.1f}%, worst spread {100*sp[0]:.1f}% (b{sp[1]}), sweep max {d['sweep']['largest_fitting']}")
+    uf = p.get("used_fit")
+    ratio = p["verified_peak"] / max(1.0, uf["fixed"] + uf["per_image"] * p["batch"]) if uf else float("nan")
+    k = d.get("soak")
+    soak = f", soak {k['passes']} batches {k['oom']} OOM peak {k['peak']/M:.0f} MiB" if k else ""
+    print(f"{sys.argv[2]}: chosen {p['batch']} (verified {p['verified_peak']/M:.0f} MiB, {ratio:.2f}x the tensors' own peak), worst error (peaks >= 320 MiB) {100*worst:.1f}%, worst spread {100*sp[0]:.1f}% (b{sp[1]}), sweep max {d['sweep']['largest_fitting']}{soak}")
 except Exception as e:
     print(f"{sys.argv[2]}: failed: {e}")
 PY
+}
+
+if has reuseab; then
+  # the pool's reuse policy against the repeatability of the planner's small-batch readings
+  # (session 8: yolov9e batch 3 read 256-352 MiB over five readings from a trimmed pool)
+  say "## A/B: pool reuse by timing allowed (YOLO_EDGE_POOL_REUSE=timing, the driver's default) vs stream order only (stream, our default since session 9): sweep repeats"
+  for r in timing stream; do
+    for c in ${REUSE_CASES:-e:16GiB m:8GiB}; do
+      v=${c%%:*}; lim=${c#*:}
+      YOLO_EDGE_POOL_REUSE=$r timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats 5 --json > "$W/reuse-$r-$v-$lim.json" 2> "$W/reuse-$r-$v-$lim.log"
+      sweep_line "$W/reuse-$r-$v-$lim.json" "$r $v $lim"
     done
   done
+fi
+
+if has arenaab; then
+  # the activation arena (src/arena.rs, YOLO_EDGE_ALLOCATOR=arena) against the pool: the same
+  # sweep with repeats and a short soak, then model-only throughput
+  say "## A/B: pool (YOLO_EDGE_ALLOCATOR=pool) vs activation arena (arena, the default since session 9): sweep repeats, 5 s soak"
+  for r in pool arena; do
+    for c in ${ARENA_CASES-e:16GiB m:8GiB}; do
+      v=${c%%:*}; lim=${c#*:}
+      YOLO_EDGE_ALLOCATOR=$r timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats 3 --soak 1000 --soak-seconds 5 --json > "$W/arena-$r-$v-$lim.json" 2> "$W/arena-$r-$v-$lim.log"
+      sweep_line "$W/arena-$r-$v-$lim.json" "$r $v $lim"
+    done
+  done
+  AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-off "${ARENA_AB_BATCHES:-8,64,256}" YOLO_EDGE_ALLOCATOR=pool
+  AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-on "${ARENA_AB_BATCHES:-8,64,256}" YOLO_EDGE_ALLOCATOR=arena
 fi
 
 if has ballast; then

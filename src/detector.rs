@@ -148,6 +148,7 @@ impl Detector {
 
     /// Stacks letterboxed pictures into the normalised network input `(B, 3, S, S)` on the device.
     pub fn input(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
+        let _arena = crate::arena::serve(self.device());
         let s = self.imgsz;
         let mut parts = Vec::with_capacity(batch.len());
         for lb in batch {
@@ -173,6 +174,7 @@ impl Detector {
     /// The network on a normalised input `(B, 3, S, S)`: at batch 1 on CUDA with graphs on
     /// ([`Detector::use_graphs`]), one graph launch; otherwise the model's eager pass.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let _arena = crate::arena::serve(self.device());
         #[cfg(feature = "cuda")]
         if let Some(y) = self.graphed(x) {
             return Ok(y);
@@ -229,6 +231,7 @@ impl Detector {
     /// (`YOLO_EDGE_CANDIDATES=host`: the host path, for A/B runs); elsewhere one copy of boxes,
     /// best score and class per anchor, filtered here.
     pub fn candidates(&self, raw: &Tensor, conf: f32) -> candle_core::Result<Vec<Vec<Candidate>>> {
+        let _arena = crate::arena::serve(raw.device());
         #[cfg(feature = "cuda")]
         if device_candidates() {
             if let Some(r) = crate::model::gpu_candidates::candidates(raw, conf) {

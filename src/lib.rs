@@ -21,6 +21,7 @@ pub mod spool;
 pub mod telemetry;
 pub mod benchreport;
 pub mod devmem;
+pub mod arena;
 pub mod fastconv;
 pub mod planner;
 pub mod profile;

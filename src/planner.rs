@@ -512,7 +512,7 @@ impl<'a> DetectorProber<'a> {
             let x = self.det.input(&pics).map_err(cand_err)?;
             sync()?;
             let t1 = std::time::Instant::now();
-            let raw = self.det.model().forward(&x).map_err(cand_err)?;
+            let raw = self.det.forward(&x).map_err(cand_err)?;
             sync()?;
             let t2 = std::time::Instant::now();
             self.det.candidates(&raw, 2.0).map_err(cand_err)?;

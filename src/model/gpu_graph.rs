@@ -57,10 +57,14 @@ impl GraphedForward {
             // the graph's own copy of them when it is uploaded
             crate::devmem::PeakMeter::new(x.device()).trim().map_err(|e| candle_core::Error::Msg(format!("CUDA graph: trimming the pool: {e}")))?;
         }
+        // the captured pass allocates in the graph's own pool, never in the arena: a graph keeps
+        // the addresses it was given, and eager passes would reuse arena addresses
+        let paused = crate::arena::pause();
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(derr("begin capture"))?;
         // the capture must be ended whatever happens inside it, or the stream stays unusable
         let captured = model.forward(&input).and_then(|y| output.slice_set(&y.contiguous()?, 0, 0));
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        drop(paused);
         captured?;
         let graph = graph.map_err(derr("end capture"))?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
         graph.upload().map_err(derr("upload"))?;
