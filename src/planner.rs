@@ -134,7 +134,8 @@ impl Budget {
     }
 }
 
-/// Peak bytes as fixed + per_image x batch, least-squares over measured points.
+/// Peak bytes as fixed + per_image x batch (least squares over the measured points, raised over
+/// them), and the measured points themselves ([`MemoryFit::predict`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryFit {
     pub fixed: f64,
@@ -147,10 +148,10 @@ impl MemoryFit {
     /// Fits the points. One point: all of it is per-image (an over-estimate for larger batches).
     /// The per-image cost is the least-squares slope, at least the secant from the smallest to
     /// the largest measured batch (and positive); the line
-    /// is then raised to lie on or above every measured point (an upper envelope): a peak that
-    /// read low because the pool happened to place the large activations well (fragmentation
-    /// varies between batch sizes by up to a couple of the largest activations) must not pull
-    /// the prediction under the peaks that read high.
+    /// is then raised to lie on or above every measured point (an upper envelope): with CUDA's
+    /// pool alone (`YOLO_EDGE_ALLOCATOR=pool`), a peak that read low because the pool happened
+    /// to place the large activations well must not pull the line under the peaks that read
+    /// high. [`predict`](Self::predict) uses the line beyond the measured batches.
     pub fn fit(points: &[(usize, u64)]) -> Option<Self> {
         let mut pts: Vec<(usize, u64)> = points.to_vec();
         pts.sort();
@@ -186,9 +187,31 @@ impl MemoryFit {
         }
     }
 
-    /// Predicted peak bytes at `batch`: the fitted line (on or above every measured point).
+    /// Predicted peak bytes at `batch`: a measured batch's own reading; between two measured
+    /// batches, the straight line between their readings; past the largest, its reading plus
+    /// the fitted cost per image; below the smallest, the fitted line.
+    ///
+    /// The readings repeat exactly with the activation arena (`crate::arena`: the same batch read
+    /// the same bytes every time, H200, session 9), so they are the best prediction there is at
+    /// and between the measured batches. A single line through them all is not: which cuDNN
+    /// algorithm a shape gets (and its workspace) is chosen by timing, once per process, so one
+    /// small batch can read a few MiB above the line of the others (yolov9s batch 2 read 76 MiB
+    /// in one process, 62 in another), and the line raised over it over-predicted batch 1 by 41 %.
     pub fn predict(&self, batch: usize) -> u64 {
-        (self.fixed + self.per_image * batch as f64).max(0.0) as u64
+        let line = |b: usize| (self.fixed + self.per_image * b as f64).max(0.0) as u64;
+        let pts = &self.points;
+        match pts.iter().position(|p| p.0 >= batch) {
+            Some(i) if pts[i].0 == batch => pts[i].1,
+            Some(0) => line(batch),
+            Some(i) => {
+                let ((b0, y0), (b1, y1)) = (pts[i - 1], pts[i]);
+                (y0 as f64 + (y1 as f64 - y0 as f64) * (batch - b0) as f64 / (b1 - b0) as f64).max(0.0) as u64
+            }
+            None => match pts.last() {
+                Some(&(bl, yl)) => yl + (self.per_image * (batch - bl) as f64) as u64,
+                None => line(batch),
+            },
+        }
     }
 
     /// Largest batch in 1..=max_batch (and below `failed_at`) whose predicted peak fits.
@@ -289,7 +312,12 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
         }
     }
     let mut fit = MemoryFit::fit(&points).ok_or_else(|| PlanError::NothingFits(format!("batch 1 ran out of memory within a budget of {}", mib(budget.bytes as f64))))?;
-    reasons.push(format!("probes {:?} fit: fixed {} + {} per image", points.iter().map(|p| p.0).collect::<Vec<_>>(), mib(fit.fixed), mib(fit.per_image)));
+    reasons.push(format!(
+        "probes {:?} fit: fixed {} + {} per image (predictions: a measured batch's own reading, straight lines between measured batches, the per-image cost beyond them)",
+        points.iter().map(|p| p.0).collect::<Vec<_>>(),
+        mib(fit.fixed),
+        mib(fit.per_image)
+    ));
     let mut best: Option<(usize, u64, u64)> = None; // (batch, predicted, verified)
     // once a batch failed (over budget or out of memory) the line is not trusted alone: each
     // candidate is also at most halfway between the best verified batch and the failed one
@@ -679,6 +707,24 @@ mod tests {
         // one point: all per-image
         let f1 = MemoryFit::fit(&[(1, 64 * M)]).unwrap();
         assert_eq!(f1.predict(8), 512 * M);
+    }
+
+    #[test]
+    fn predicts_measured_batches_exactly_and_interpolates_between_them() {
+        // yolov9s 16 GiB with the arena (H200, session 9): batch 2 read high in that process
+        let f = MemoryFit::fit(&[(1, 32 * M), (2, 76 * M), (4, 124 * M), (256, 7900 * M)]).unwrap();
+        assert!(f.fixed > 10.0 * M as f64, "the envelope line is raised over batch 2");
+        assert_eq!(f.predict(1), 32 * M, "a measured batch predicts its own reading (the line says {} MiB)", (f.fixed + f.per_image) as u64 / M);
+        assert_eq!(f.predict(2), 76 * M);
+        assert_eq!(f.predict(3), 100 * M);
+        let b6 = 124.0 * M as f64 + 2.0 * (7900.0 - 124.0) / 252.0 * M as f64;
+        assert!((f.predict(6) as f64 - b6).abs() < 2.0, "{} vs {b6}", f.predict(6));
+        assert_eq!(f.predict(256), 7900 * M);
+        // past the largest batch: its reading plus the fitted cost per image
+        assert_eq!(f.predict(266), 7900 * M + (10.0 * f.per_image) as u64);
+        // the choice and the verification use the same predictions
+        assert_eq!(f.choose(124 * M, 256, None), Some(4));
+        assert_eq!(f.choose(99 * M, 256, None), Some(2));
     }
 
     #[test]
