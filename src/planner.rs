@@ -151,7 +151,7 @@ impl MemoryFit {
     /// is then raised to lie on or above every measured point (an upper envelope): with CUDA's
     /// pool alone (`YOLO_EDGE_ALLOCATOR=pool`), a peak that read low because the pool happened
     /// to place the large activations well must not pull the line under the peaks that read
-    /// high. [`predict`](Self::predict) uses the line beyond the measured batches.
+    /// high. [`predict`](Self::predict) uses its slope past the largest measured batch.
     pub fn fit(points: &[(usize, u64)]) -> Option<Self> {
         let mut pts: Vec<(usize, u64)> = points.to_vec();
         pts.sort();
@@ -447,8 +447,9 @@ pub struct Peaks {
 
 /// The real prober: one batch through the agent's own path (u8 pictures uploaded, normalised
 /// on the device, forward pass, candidate extraction), measured as the peak of memory the
-/// device had to give (the pool's *reserved* high-water mark above what was reserved before:
-/// fragmentation counts, since that is what runs out), with the model already resident.
+/// device had to give (the *reserved* high-water mark of the pool and the activation arena above
+/// what was reserved before: fragmentation counts, since that is what runs out), with the model
+/// already resident.
 /// Passes per measurement (after the warm-up), the pool untouched between them.
 pub const MEASURED_PASSES: usize = 3;
 
