@@ -2,12 +2,14 @@
 //! reserved virtual address range, physical memory mapped on demand (CUDA virtual memory
 //! management) and unmapped when trimmed.
 //!
-//! Why: CUDA's stream-ordered pool, which candle allocates from, reserved 1.18-1.22x the bytes a
-//! pass's tensors held at once, and that reservation did not repeat. The same batch read 256,
-//! 320 and 352 MiB from the same trimmed pool (yolov9e batch 3, H200, session 8), so no
-//! prediction could be within 10 % of it. Here every allocation of a pass lands at an offset
-//! that depends only on the sequence of allocations and frees, which is the same for every pass
-//! at one batch size, so the memory a batch needs is a number the planner can measure once.
+//! Why: CUDA's stream-ordered pool, which candle allocates from, reserved 1.12-1.22x the bytes a
+//! pass's tensors held at once, in granules of up to 32 MiB, and with its default reuse policy
+//! that reservation did not repeat: the same batch read 256, 320 and 352 MiB from the same
+//! trimmed pool (yolov9e batch 3, H200, session 8). Here every allocation of a pass lands at an
+//! offset that depends only on the sequence of allocations and frees, which is the same for
+//! every pass at one batch size, so the memory a batch needs is a number the planner can
+//! measure once (H200, session 9: every reading repeated, 1.06-1.10x the tensors' bytes, and
+//! the same budget held 5-12 % larger batches).
 //!
 //! How: a process-wide hook in cudarc (`scripts/patches/cudarc-alloc-hook.patch`, applied by
 //! `scripts/build-cuda.sh`; cargo feature `arena`) asks this module before the pool. Only
