@@ -117,8 +117,11 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
     let jpeg = small_jpeg("horses.jpg", 64);
     let names = drop_images(&conf.input, 0, 2000, &jpeg);
+    // the highest seq the subscriber had seen when each stop began
+    let mut seen_at_stop: Vec<u64> = Vec::new();
     for (round, at) in [(1, 400usize), (2, 1100)] {
         wait_until(Duration::from_secs(600), "progress before broker stop", || col.detections().len() >= at);
+        seen_at_stop.push(col.detections().iter().filter_map(|m| m.json()["seq"].as_u64()).max().unwrap_or(0));
         broker.stop();
         // the agent keeps processing into its spool meanwhile
         let done_before = files_in(&conf.input.join("done")).len();
@@ -132,12 +135,13 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     assert_eq!(files_in(&conf.input.join("done")), names);
     wait_until(T, "spool empty", || std::fs::read_dir(&conf.spool).unwrap().count() == 0);
     // the subscriber's side: what a persistent session receives across SIGTERM restarts also
-    // depends on the broker's own persistence. mosquitto was seen to drop messages it had
-    // acknowledged, always a run right at a stop (2026-12-01: seq 401-452, with no limit on the
-    // messages in flight to the subscriber): those it had sent but not yet seen acknowledged when
-    // it went down. The test broker now keeps mosquitto's default window of 20 in flight per
-    // client, so at most 2 x 20 = 40 (2 %) may be missing here, and they are listed. Duplicates
-    // must carry the same picture, and first arrivals must be in order.
+    // depends on the broker's own persistence. mosquitto 2.0.11 was seen to drop messages it had
+    // acknowledged to the agent but not yet delivered to the subscriber when it went down, always
+    // the run right after what the subscriber had at that stop (seq 401-452 twice on 2026-12-01,
+    // once with a window of 20 in flight per client). So a missing seq must lie in such a run:
+    // within LOST_AT_STOP after the subscriber's highest seq when a stop began. A gap anywhere
+    // else (the agent's side) fails, and the missing ones are listed. Duplicates must carry the
+    // same picture, and first arrivals must be in order.
     let distinct = || col.detections().iter().map(|m| m.json()["seq"].as_u64().unwrap()).collect::<BTreeSet<_>>();
     let t0 = std::time::Instant::now();
     while distinct().len() < 2000 && t0.elapsed() < Duration::from_secs(30) {
@@ -146,7 +150,9 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     let got = distinct();
     let missing: Vec<u64> = (1..=2000).filter(|s| !got.contains(s)).collect();
     eprintln!("subscriber got {} of 2000 distinct detections; missing seq {missing:?}", got.len());
-    assert!(got.len() >= 1960, "subscriber got {} of 2000; missing {missing:?}", got.len());
+    const LOST_AT_STOP: u64 = 150;
+    let stray: Vec<u64> = missing.iter().copied().filter(|&s| !seen_at_stop.iter().any(|&h| s > h && s <= h + LOST_AT_STOP)).collect();
+    assert!(stray.is_empty(), "subscriber got {} of 2000; missing {missing:?}, of which {stray:?} not right after a broker stop (subscriber at {seen_at_stop:?})", got.len());
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     assert_eq!(check_seq_partial(&dets).len(), got.len());
     let seen: BTreeSet<String> = dets.iter().map(image_name).collect();
