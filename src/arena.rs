@@ -155,8 +155,10 @@ pub struct ArenaStats {
 
 /// Whether the arena is wanted: feature `arena`, and `YOLO_EDGE_ALLOCATOR` unset or `arena`
 /// (`pool` leaves every allocation to CUDA's pool, with stream-ordered reuse: `crate::devmem`).
+/// Read once, like the other knobs: [`serve`] asks on every batch.
 pub fn wanted() -> bool {
-    cfg!(feature = "arena") && std::env::var("YOLO_EDGE_ALLOCATOR").map_or(true, |v| v != "pool")
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED.get_or_init(|| cfg!(feature = "arena") && std::env::var("YOLO_EDGE_ALLOCATOR").map_or(true, |v| v != "pool"))
 }
 
 /// While alive, device allocations of this thread on `device` come from its arena (CUDA with the
