@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak reuseab arenaab ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak reuseab arenaab interleave ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -17,9 +17,10 @@
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
-#      SWEEP_CASES ("t:4GiB ...", instead of PLAN_VARIANTS x PLAN_LIMITS) SWEEP_REPEATS (readings per batch under 1 GiB, 1) DEADLINE (epoch s: sweep
+#      SWEEP_CASES ("t:4GiB e:16GiB:500 ...", instead of PLAN_VARIANTS x PLAN_LIMITS; :S caps that soak at S s) SWEEP_REPEATS (readings per batch under 1 GiB, 1) DEADLINE (epoch s: sweep
 #      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of upab/algoab)
 #      REUSE_CASES, ARENA_CASES ("e:16GiB m:8GiB"; empty: no sweeps) ARENA_AB_VARIANTS (t,e) ARENA_AB_BATCHES (8,64,256)
+#      INTERLEAVE_ROUNDS (4) INTERLEAVE_VARIANTS (t,e) INTERLEAVE_BATCHES (2,8,64) INTERLEAVE_ITERS (20)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -224,14 +225,17 @@ fi
 
 if has sweep; then
   say "## planner sweep + soak (f16, 640, fraction 0.8, max_batch 256): predicted vs measured at every batch up to the chosen one, the largest batch that fits, OOM count at the chosen batch"
-  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, batches >= chosen/4 | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s | repeat spread, batches <= chosen with peak >= 320 MiB (SWEEP_REPEATS) |"
-  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  say "| variant | limit | budget MiB | chosen | largest fitting | chosen/largest | worst pred. error, every batch <= chosen | worst pred. error, batches >= chosen/4 | worst pred. error, batches <= chosen with peak >= 320 MiB | worst abs. error MiB, all batches <= chosen | soak passes | soak OOM | soak peak MiB | soak s | repeat spread, batches <= chosen with peak >= 320 MiB (SWEEP_REPEATS) |"
+  say "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   cases="${SWEEP_CASES:-$(for v in ${PLAN_VARIANTS//,/ }; do for lim in ${PLAN_LIMITS//,/ }; do echo -n "$v:$lim "; done; done)}"
   for c in $cases; do
-    v=${c%%:*}; lim=${c#*:}
+    # a case is variant:limit, or variant:limit:seconds to give its soak its own cap
+    v=${c%%:*}; lim=${c#*:}; secs="${SOAK_SECONDS:-20}"
+    if [[ "$lim" == *:* ]]; then secs=${lim#*:}; lim=${lim%%:*}; fi
     # with DEADLINE (epoch s), the soak is cut short rather than the case killed, and cases that
     # cannot start in time are skipped
-    secs="${SOAK_SECONDS:-20}"; tmo="${SWEEP_TIMEOUT:-300}"
+    tmo="${SWEEP_TIMEOUT:-300}"
+    [ $(( secs + 120 )) -gt "$tmo" ] && tmo=$(( secs + 120 ))
     if [ -n "${DEADLINE:-}" ]; then
       left=$(( DEADLINE - $(date +%s) ))
       if [ "$left" -lt 100 ]; then say "| $v | $lim | skipped: ${left} s left |"; continue; fi
@@ -247,9 +251,10 @@ try:
     rel = max([abs(q["error"]) for q in pts if q["measured"] >= 320 * M and q.get("error") is not None] or [0])
     ab = max([abs(q["predicted"] - q["measured"]) / M for q in pts] or [0])
     q4 = max([abs(q["error"]) for q in pts if 4 * q["batch"] >= p["batch"] and q.get("error") is not None] or [0])
+    al = max([(abs(q["error"]), q["batch"]) for q in pts if q.get("error") is not None] or [(0, 0)])
     sp = [(q["spread"], q["batch"]) for q in pts if q["measured"] >= 320 * M and q.get("spread") is not None]
     spread = f"{100*max(sp)[0]:.1f}% (b{max(sp)[1]})" if sp else "-"
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*q4:.1f}% | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} | {spread} |")
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*al[0]:.1f}% (b{al[1]}) | {100*q4:.1f}% | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} | {spread} |")
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY
@@ -328,6 +333,37 @@ if has arenaab; then
   done
   AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-off "${ARENA_AB_BATCHES:-8,64,256}" YOLO_EDGE_ALLOCATOR=pool
   AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-on "${ARENA_AB_BATCHES:-8,64,256}" YOLO_EDGE_ALLOCATOR=arena
+fi
+
+if has interleave; then
+  # arena against pool at launch-bound batches, alternating processes: each process's latency is
+  # its own median, and the spread between processes (cuDNN's per-process algorithm choice,
+  # clocks) shows whether a difference between the two is more than that
+  say "## interleaved A/B: pool vs arena, model-only f16, ${INTERLEAVE_ROUNDS:-4} alternating processes each (variants ${INTERLEAVE_VARIANTS:-t,e}, batches ${INTERLEAVE_BATCHES:-2,8,64}, ${INTERLEAVE_ITERS:-20} iterations)"
+  for i in $(seq 1 "${INTERLEAVE_ROUNDS:-4}"); do
+    for r in pool arena; do
+      YOLO_EDGE_ALLOCATOR=$r timeout 150 "$BIN" bench --device cuda:0 --variants "${INTERLEAVE_VARIANTS:-t,e}" --dtype f16 --batches "${INTERLEAVE_BATCHES:-2,8,64}" --mode model --warmup 3 --iters "${INTERLEAVE_ITERS:-20}" --out "$W/il-$r-$i" > "$W/il-$r-$i.md" 2> "$W/il-$r-$i.log"
+    done
+  done
+  python3 - "$W" "${INTERLEAVE_ROUNDS:-4}" <<'PY' | tee -a "$SUM"
+import csv, glob, statistics, sys, collections
+w, n = sys.argv[1], int(sys.argv[2])
+runs = collections.defaultdict(list)
+for r in ("pool", "arena"):
+    for i in range(1, n + 1):
+        for f in glob.glob(f"{w}/il-{r}-{i}/*.csv"):
+            for row in csv.DictReader(open(f)):
+                if "latency_ms" in row and row.get("status") == "ok":
+                    runs[(row["model"], int(row["batch"]), r)].append(float(row["latency_ms"]))
+print("| model | batch | pool ms per process (median of each) | arena ms per process | pool median | arena median | arena / pool |")
+print("|---|---:|---|---|---:|---:|---:|")
+for (m, b) in sorted({(k[0], k[1]) for k in runs}, key=lambda x: (x[0], x[1])):
+    p, a = runs.get((m, b, "pool"), []), runs.get((m, b, "arena"), [])
+    if not p or not a:
+        continue
+    mp, ma = statistics.median(p), statistics.median(a)
+    print(f"| {m} | {b} | {' '.join(f'{x:.2f}' for x in p)} | {' '.join(f'{x:.2f}' for x in a)} | {mp:.2f} | {ma:.2f} | {ma/mp:.3f} |")
+PY
 fi
 
 if has ballast; then
