@@ -1,17 +1,17 @@
 //! Build script: with the `cuda` feature, compiles the project's own CUDA kernels
-//! (`src/model/kernels/*.cu`) to PTX for `CUDA_COMPUTE_CAP` with the toolchain's nvcc, to be
+//! (`src/backend/cuda/kernels/*.cu`) to PTX for `CUDA_COMPUTE_CAP` with the toolchain's nvcc, to be
 //! embedded in the binary and JIT-compiled by the driver on first use (like candle's kernels).
 //! The default CPU build does nothing here and needs no CUDA.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The kernels under `src/model/kernels/`, each compiled to `$OUT_DIR/<name>.ptx`.
+/// The kernels under `src/backend/cuda/kernels/`, each compiled to `$OUT_DIR/<name>.ptx`.
 const KERNELS: &[&str] = &["epilogue", "candidates", "input", "pool", "head", "fuse"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/model/kernels");
+    println!("cargo:rerun-if-changed=src/backend/cuda/kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=NVCC");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
@@ -22,7 +22,7 @@ fn main() {
     let cap = cap.trim().trim_start_matches("sm_").trim_end_matches('a');
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     for name in KERNELS {
-        let src = format!("src/model/kernels/{name}.cu");
+        let src = format!("src/backend/cuda/kernels/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));
         let status = Command::new(&nvcc)
             .args(["--ptx", "-O3", "-std=c++17"])

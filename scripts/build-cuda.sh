@@ -29,7 +29,7 @@ fi
 source "$PREFIX/env.sh"
 export CUDA_COMPUTE_CAP="$CAP"
 TARGET="${CARGO_TARGET_DIR:-target}"
-# the device-memory arena (src/arena.rs, feature `arena`) needs cudarc's allocation hook: the
+# the device-memory arena (src/backend/arena.rs, feature `arena`) needs cudarc's allocation hook: the
 # registry's cudarc with scripts/patches/cudarc-alloc-hook.patch applied, in the target folder;
 # NO_ARENA=1 builds without it. Cargo.lock is restored afterwards (a path patch rewrites it).
 if [ -z "${NO_ARENA:-}" ]; then

@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e ab layoutab torchprofile graphab graphallab wsab pool upab algoab plan sweep soak reuseab arenaab interleave ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -19,7 +19,7 @@
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
 #      SWEEP_CASES ("t:4GiB e:16GiB:500 ...", instead of PLAN_VARIANTS x PLAN_LIMITS; :S caps that soak at S s) SWEEP_REPEATS (readings per batch under 1 GiB, 1) DEADLINE (epoch s: sweep
 #      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of upab/algoab)
-#      REUSE_CASES, ARENA_CASES ("e:16GiB m:8GiB"; empty: no sweeps) ARENA_AB_VARIANTS (t,e) ARENA_AB_BATCHES (8,64,256)
+#      ARENA_CASES ("e:16GiB m:8GiB"; empty: no sweeps) ARENA_AB_VARIANTS (t,e) ARENA_AB_BATCHES (8,64,256)
 #      INTERLEAVE_ROUNDS (4) INTERLEAVE_VARIANTS (t,e) INTERLEAVE_BATCHES (2,8,64) INTERLEAVE_ITERS (20)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
@@ -27,7 +27,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 DIST="${DIST:-dist}"; DEV="${DEV:-.dev}"; WHL="${WHL:-.whl}"
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 W="$OUT/work"; mkdir -p "$W"
-STEPS="${STEPS:-info startup parity bench torch e2e ab plan}"
+STEPS="${STEPS:-info startup parity bench torch e2e plan}"
 VARIANTS="${VARIANTS:-t,s,m,c,e}"
 BATCHES="${BATCHES:-1,8,32,64,128,256}"
 E2E_BATCHES="${E2E_BATCHES:-1,8,32,64,128,256}"
@@ -36,11 +36,11 @@ PLAN_VARIANTS="${PLAN_VARIANTS:-t,s,m,c,e}"
 SUM="$OUT/summary.md"; : > "$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-# ab_bench TAG BATCHES VAR=VALUE...: model-only bench of AB_VARIANTS under those env settings,
-# appended to the summary under "### TAG (settings)"
+# ab_bench TAG BATCHES FLAG...: model-only bench of AB_VARIANTS with those tuning flags
+# (yolo-edge bench --help), appended to the summary under "### TAG (flags)"
 ab_bench() {
   local tag=$1 batches=$2; shift 2
-  env "$@" timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "$batches" --mode model --warmup 2 --iters 5 --out "$W/$tag" > "$W/$tag.md" 2> "$W/$tag.log"
+  timeout "${AB_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${AB_VARIANTS:-t,c}" --dtype f16 --batches "$batches" --mode model --warmup 2 --iters 5 --out "$W/$tag" "$@" > "$W/$tag.md" 2> "$W/$tag.log"
   echo "### $tag ($*)" >> "$SUM"; cat "$W/$tag.md" >> "$SUM"
 }
 
@@ -106,64 +106,26 @@ if has e2e; then
   done
 fi
 
-if has ab; then
-  say "## A/B, same binary: candle's im2col conv + candle's bias/SiLU/add (before) -> one-kernel epilogue -> + cuDNN plans for k>1 convs (now)"
-  for m in before:im2col:candle epilogue:im2col:fused cudnn:cudnn:fused; do
-    IFS=: read -r name conv epi <<<"$m"
-    ab_bench "ab-$name" "${AB_BATCHES:-1,32,128}" YOLO_EDGE_CONV="$conv" YOLO_EDGE_EPILOGUE="$epi"
-  done
-fi
-
-if has layoutab; then
-  say "## A/B, same binary: NCHW activations (YOLO_EDGE_LAYOUT=nchw, before) -> NHWC end to end (now, the default with cuDNN)"
-  for lay in nchw nhwc; do
-    ab_bench "layout-$lay" "${AB_BATCHES:-1,32,128}" YOLO_EDGE_LAYOUT="$lay"
-  done
-fi
 if has graphab; then
-  say "## A/B, same binary: batch 1 eager (YOLO_EDGE_CUDA_GRAPH=0) -> replayed as one captured CUDA graph (default)"
-  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-off "${GRAPH_BATCHES:-1}" YOLO_EDGE_CUDA_GRAPH=0
-  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-on "${GRAPH_BATCHES:-1}" YOLO_EDGE_CUDA_GRAPH=1
-fi
-
-if has graphallab; then
-  # the experiment of YOLO_EDGE_CUDA_GRAPH=all: every batch size replayed as its own graph
-  say "## A/B, same binary: batches > 1 eager (default) -> each batch size replayed as a captured CUDA graph (YOLO_EDGE_CUDA_GRAPH=all)"
-  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graphall-off "${GRAPHALL_BATCHES:-8,32,128}" YOLO_EDGE_CUDA_GRAPH=1
-  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graphall-on "${GRAPHALL_BATCHES:-8,32,128}" YOLO_EDGE_CUDA_GRAPH=all
+  say "## A/B, same binary: batch 1 eager (--cuda-graphs off) -> replayed as one captured CUDA graph (default)"
+  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-off "${GRAPH_BATCHES:-1}" --cuda-graphs off
+  AB_VARIANTS="${GRAPH_VARIANTS:-t,s,m,c,e}" ab_bench graph-on "${GRAPH_BATCHES:-1}" --cuda-graphs on
 fi
 
 if has wsab; then
-  say "## A/B: workspace offered to cuDNN's algorithm search = max(YOLO_EDGE_CUDNN_WORKSPACE_MIB, YOLO_EDGE_CUDNN_WORKSPACE_SCALE x the convolution's input + output bytes), and the FP16 algorithms admitted (YOLO_EDGE_CUDNN_ALGOS)"
-  for c in ${WS_CASES:-256:0:gemm 256:1:gemm 256:6:gemm 256:1:all}; do
-    IFS=: read -r mib sc al <<<"$c"
-    ab_bench "ws-$mib-$sc-$al" "${WS_BATCHES:-32,128,256}" YOLO_EDGE_CUDNN_WORKSPACE_MIB="$mib" YOLO_EDGE_CUDNN_WORKSPACE_SCALE="$sc" YOLO_EDGE_CUDNN_ALGOS="$al"
+  say "## A/B: workspace offered to cuDNN's algorithm search = max(--cudnn-workspace-min, --cudnn-workspace-scale x the convolution's input + output bytes)"
+  for c in ${WS_CASES:-256:0 256:1 256:6}; do
+    IFS=: read -r mib sc <<<"$c"
+    ab_bench "ws-$mib-$sc" "${WS_BATCHES:-32,128,256}" --cudnn-workspace-min "${mib}MiB" --cudnn-workspace-scale "$sc"
   done
 fi
 
-if has pool; then
-  say "## A/B: pool memory kept between batches (default) vs CUDA's release-at-every-synchronise (YOLO_EDGE_POOL_RELEASE=sync), and the pinned upload vs candle's pageable one (YOLO_EDGE_UPLOAD=pageable)"
-  for m in before:sync:pageable hold:hold:pageable now:hold:pinned; do
-    IFS=: read -r name rel up <<<"$m"
-    ab_bench "pool-$name" "${POOL_BATCHES:-1,32,128,256}" YOLO_EDGE_POOL_RELEASE="$rel" YOLO_EDGE_UPLOAD="$up"
-    for c in ${POOL_SOAKS:-t:4GiB c:4GiB}; do
-      v=${c%%:*}; lim=${c#*:}
-      YOLO_EDGE_POOL_RELEASE=$rel YOLO_EDGE_UPLOAD=$up timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json > "$W/pool-$name-soak-$v.json" 2> "$W/pool-$name-soak-$v.log"
-      python3 - "$W/pool-$name-soak-$v.json" "$name" "$v" "$lim" <<'PY' 2>&1 | tee -a "$SUM"
-import json, sys
-d = json.load(open(sys.argv[1])); k = d["soak"]
-print(f"{sys.argv[2]}: soak (agent path: u8 pictures in, detections out) {sys.argv[3]} at {sys.argv[4]}: batch {k['batch']}, {k['passes']} batches in {k['seconds']:.1f} s = {k['batch']*k['passes']/k['seconds']:.0f} img/s, {k['oom']} OOM, peak {k['peak']/2**20:.0f} MiB; planning {d['plan_ms']:.0f} ms")
-PY
-    done
-  done
-fi
-
-# short soaks (8 s) of AB_SOAKS cases through the agent's path with extra env, one line each
+# short soaks (8 s) of AB_SOAKS cases through the agent's path with tuning flags, one line each
 soak_ab() {
   local tag=$1; shift
   for c in ${AB_SOAKS:-t:4GiB c:4GiB}; do
     local v=${c%%:*} lim=${c#*:}
-    env "$@" timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json > "$W/$tag-soak-$v.json" 2> "$W/$tag-soak-$v.log"
+    timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --soak 1000 --soak-seconds 8 --json "$@" > "$W/$tag-soak-$v.json" 2> "$W/$tag-soak-$v.log"
     python3 - "$W/$tag-soak-$v.json" "$tag ($*)" "$v" "$lim" <<'PY' 2>&1 | tee -a "$SUM"
 import json, sys
 d = json.load(open(sys.argv[1])); k = d["soak"]; g = k["stages"]
@@ -173,16 +135,14 @@ PY
 }
 
 if has upab; then
-  say "## A/B: pictures copied to the staging buffer on 1 thread vs the default (YOLO_EDGE_UPLOAD_THREADS)"
-  soak_ab up-1 YOLO_EDGE_UPLOAD_THREADS=1
+  say "## A/B: pictures copied to the staging buffer on 1 thread vs the default (--upload-threads)"
+  soak_ab up-1 --upload-threads 1
   soak_ab up-default
 fi
 
 if has algoab; then
-  say "## A/B: cuDNN algorithm = the fastest (YOLO_EDGE_CUDNN_ALGO_SLACK=0) vs the least workspace within 5 % of it (default); candidates filtered on the host (YOLO_EDGE_CANDIDATES=host) vs on the device (default)"
-  for sl in 0 0.05; do ab_bench "slack-$sl" "${SLACK_BATCHES:-1,32,256}" YOLO_EDGE_CUDNN_ALGO_SLACK="$sl"; done
-  soak_ab cand-host YOLO_EDGE_CANDIDATES=host
-  soak_ab cand-device
+  say "## A/B: cuDNN algorithm = the fastest (--cudnn-algo-slack 0) vs the least workspace within 5 % of it (default)"
+  for sl in 0 0.05; do ab_bench "slack-$sl" "${SLACK_BATCHES:-1,32,256}" --cudnn-algo-slack "$sl"; done
 fi
 
 if has torch; then
@@ -307,32 +267,19 @@ except Exception as e:
 PY
 }
 
-if has reuseab; then
-  # the pool's reuse policy against the repeatability of the planner's small-batch readings
-  # (session 8: yolov9e batch 3 read 256-352 MiB over five readings from a trimmed pool)
-  say "## A/B: pool reuse by timing allowed (YOLO_EDGE_POOL_REUSE=timing, the driver's default) vs stream order only (stream, our default since session 9): sweep repeats"
-  for r in timing stream; do
-    for c in ${REUSE_CASES:-e:16GiB m:8GiB}; do
-      v=${c%%:*}; lim=${c#*:}
-      YOLO_EDGE_POOL_REUSE=$r timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats 5 --json > "$W/reuse-$r-$v-$lim.json" 2> "$W/reuse-$r-$v-$lim.log"
-      sweep_line "$W/reuse-$r-$v-$lim.json" "$r $v $lim"
-    done
-  done
-fi
-
 if has arenaab; then
-  # the activation arena (src/arena.rs, YOLO_EDGE_ALLOCATOR=arena) against the pool: the same
+  # the activation arena (src/backend/arena.rs, --allocator arena) against the pool: the same
   # sweep with repeats and a short soak, then model-only throughput
-  say "## A/B: pool (YOLO_EDGE_ALLOCATOR=pool) vs activation arena (arena, the default since session 9): sweep repeats, 5 s soak"
+  say "## A/B: pool (--allocator pool) vs activation arena (--allocator arena, the default): sweep repeats, 5 s soak"
   for r in pool arena; do
     for c in ${ARENA_CASES-e:16GiB m:8GiB}; do
       v=${c%%:*}; lim=${c#*:}
-      YOLO_EDGE_ALLOCATOR=$r timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats 3 --soak 1000 --soak-seconds 5 --json > "$W/arena-$r-$v-$lim.json" 2> "$W/arena-$r-$v-$lim.log"
+      timeout 300 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --sweep --sweep-repeats 3 --soak 1000 --soak-seconds 5 --json --allocator "$r" > "$W/arena-$r-$v-$lim.json" 2> "$W/arena-$r-$v-$lim.log"
       sweep_line "$W/arena-$r-$v-$lim.json" "$r $v $lim"
     done
   done
-  AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-off "${ARENA_AB_BATCHES:-8,64,256}" YOLO_EDGE_ALLOCATOR=pool
-  AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-on "${ARENA_AB_BATCHES:-8,64,256}" YOLO_EDGE_ALLOCATOR=arena
+  AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-off "${ARENA_AB_BATCHES:-8,64,256}" --allocator pool
+  AB_VARIANTS=${ARENA_AB_VARIANTS:-t,e} ab_bench arena-on "${ARENA_AB_BATCHES:-8,64,256}" --allocator arena
 fi
 
 if has interleave; then
@@ -342,7 +289,7 @@ if has interleave; then
   say "## interleaved A/B: pool vs arena, model-only f16, ${INTERLEAVE_ROUNDS:-4} alternating processes each (variants ${INTERLEAVE_VARIANTS:-t,e}, batches ${INTERLEAVE_BATCHES:-2,8,64}, ${INTERLEAVE_ITERS:-20} iterations)"
   for i in $(seq 1 "${INTERLEAVE_ROUNDS:-4}"); do
     for r in pool arena; do
-      YOLO_EDGE_ALLOCATOR=$r timeout 150 "$BIN" bench --device cuda:0 --variants "${INTERLEAVE_VARIANTS:-t,e}" --dtype f16 --batches "${INTERLEAVE_BATCHES:-2,8,64}" --mode model --warmup 3 --iters "${INTERLEAVE_ITERS:-20}" --out "$W/il-$r-$i" > "$W/il-$r-$i.md" 2> "$W/il-$r-$i.log"
+      timeout 150 "$BIN" bench --device cuda:0 --variants "${INTERLEAVE_VARIANTS:-t,e}" --dtype f16 --batches "${INTERLEAVE_BATCHES:-2,8,64}" --mode model --warmup 3 --iters "${INTERLEAVE_ITERS:-20}" --out "$W/il-$r-$i" --allocator "$r" > "$W/il-$r-$i.md" 2> "$W/il-$r-$i.log"
     done
   done
   python3 - "$W" "${INTERLEAVE_ROUNDS:-4}" <<'PY' | tee -a "$SUM"
@@ -381,7 +328,7 @@ if has torchprofile; then
 fi
 if has profile; then
   say "## where the time goes (bench --profile, f16, random weights)"
-  env ${PROFILE_ENV:-} timeout 240 "$BIN" bench --device cuda:0 --variants "${PROFILE_VARIANTS:-t,c}" --dtype f16 --batches "${PROFILE_BATCHES:-1,32}" --mode model --warmup 2 --iters 5 --profile --out "$W/profile" > "$W/profile.md" 2> "$W/profile.log"
+  timeout 240 "$BIN" bench --device cuda:0 --variants "${PROFILE_VARIANTS:-t,c}" --dtype f16 --batches "${PROFILE_BATCHES:-1,32}" --mode model --warmup 2 --iters 5 --profile --out "$W/profile" ${PROFILE_FLAGS:-} > "$W/profile.md" 2> "$W/profile.log"
   cp "$W/profile/profile.csv" "$OUT/profile.csv" 2>/dev/null
   python3 - "$W/profile/profile.csv" <<'PY' | tee -a "$SUM"
 import csv, sys, collections

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/patch-cudarc.sh TARGET_DIR — copies the registry's cudarc (the version Cargo.lock pins)
 # to TARGET_DIR/patched/, applies scripts/patches/cudarc-alloc-hook.patch (the allocation hook
-# that src/arena.rs installs) and prints `CUDARC_PATCHED=<path>` for eval. Idempotent.
+# that src/backend/arena.rs installs) and prints `CUDARC_PATCHED=<path>` for eval. Idempotent.
 # Use: eval "$(bash scripts/patch-cudarc.sh target)"; cargo build --features cudnn,arena \
 #        --config "patch.crates-io.cudarc.path=\"$CUDARC_PATCHED\""
 set -euo pipefail

@@ -487,9 +487,10 @@ fn start_injected(dir: &std::path::Path, batch: usize, inject: &str) -> Option<(
     conf.batch = batch;
     conf.max_wait_ms = 500;
     conf.quiet_s = 0.3;
+    conf.extra = format!("[debug]\ninject_oom = \"{inject}\"\n");
     let cfg = dir.join("agent.toml");
     conf.write(&cfg);
-    let agent = Agent::spawn(&cfg, &[("YOLO_EDGE_INJECT_OOM", inject)]);
+    let agent = Agent::spawn(&cfg, &[]);
     wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
     Some((broker, col, conf, agent))
 }
@@ -587,9 +588,9 @@ fn bench_agent_vs_model_only() {
     let jpeg = small_jpeg("horses.jpg", 640);
     // model only: letterboxed frames, batches of 4
     let det = Detector::load(&fixture("yolov9t-ball.pt"), &candle_core::Device::Cpu, candle_core::DType::F32, Some(imgsz)).unwrap();
-    let img = yolo_edge::preprocess::decode_image(&jpeg, &Default::default()).unwrap();
-    let lb = yolo_edge::preprocess::letterbox(&img, imgsz as u32);
-    let th = yolo_edge::postprocess::Thresholds::default();
+    let img = yolo_edge::vision::preprocess::decode_image(&jpeg, &Default::default()).unwrap();
+    let lb = yolo_edge::vision::preprocess::letterbox(&img, imgsz as u32);
+    let th = yolo_edge::vision::postprocess::Thresholds::default();
     let batch: Vec<_> = (0..4).map(|_| &lb).collect();
     det.detect(&batch, &th).unwrap();
     let t = Instant::now();
@@ -674,7 +675,7 @@ fn demo_end_to_end_with_embedded_broker() {
     // the broker's own logging stays out of the output
     assert!(!r.stderr.contains("rumqttd") && !r.stdout.contains("rumqttd::"), "{all}");
     // annotated pictures: the samples with boxes drawn on them
-    let scenes = yolo_edge::samples::scenes();
+    let scenes = yolo_edge::demo::samples::scenes();
     for (i, name) in names.iter().enumerate() {
         let img = image::open(annotated.join(name)).unwrap_or_else(|e| panic!("{name}: {e}")).to_rgb8();
         assert_eq!(img.dimensions(), scenes[i].image.dimensions());

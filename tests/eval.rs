@@ -1,5 +1,5 @@
 //! End-to-end evaluation of the committed default model (`models/yolov9t-shapes.safetensors`) on
-//! the pictures `yolo_edge::samples` draws (a different renderer from the training generator,
+//! the pictures `yolo_edge::demo::samples` draws (a different renderer from the training generator,
 //! so this also checks that the model learned shapes, not the generator's pixels), through the
 //! library and through the `yolo-edge eval` command.
 
@@ -8,7 +8,7 @@ use std::process::Command;
 
 use yolo_edge::detector::Detector;
 use yolo_edge::eval::{self, dataset::Dataset, EvalOptions};
-use yolo_edge::samples;
+use yolo_edge::demo::samples;
 
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/yolov9t-shapes.safetensors");
 

@@ -8,17 +8,18 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use clap::Args;
 use rayon::prelude::*;
 
-use yolo_edge::benchreport::{self, Row, Status};
+use super::common;
+use yolo_edge::bench::report::{self, Row, Status};
 use yolo_edge::detector::Detector;
-use yolo_edge::devmem::{self, PeakMeter};
-use yolo_edge::model::{BuildOptions, YoloV9};
-use yolo_edge::postprocess::Thresholds;
-use yolo_edge::preprocess::{self, DecodeLimits};
-use yolo_edge::{device, randweights, startup};
+use yolo_edge::backend::devmem::{self, PeakMeter};
+use yolo_edge::vision::postprocess::Thresholds;
+use yolo_edge::vision::preprocess::{self, DecodeLimits};
+use yolo_edge::backend::device;
+use yolo_edge::detector::warmup as startup;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -66,6 +67,8 @@ pub struct BenchArgs {
     /// Chart title (default: device and date-free description).
     #[arg(long)]
     title: Option<String>,
+    #[command(flatten)]
+    tuning: super::common::TuningArgs,
 }
 
 fn parse_batches(s: &str, max_batch: usize) -> anyhow::Result<Vec<usize>> {
@@ -95,21 +98,6 @@ fn collect_images(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
         }
     }
     Ok(out)
-}
-
-pub(super) fn load(spec: &str, dev: &Device, dtype: DType, imgsz: usize, seed: u64) -> anyhow::Result<(String, Detector)> {
-    match randweights::parse_spec(spec) {
-        Some(v) => {
-            let v = v?;
-            let ck = randweights::random_checkpoint(v, seed)?;
-            let m = YoloV9::from_checkpoint(&ck, &BuildOptions::new(dev.clone(), dtype))?;
-            Ok((format!("{} (random)", v.name()), Detector::from_model(m, imgsz)))
-        }
-        None => {
-            let det = Detector::load(Path::new(spec), dev, dtype, Some(imgsz)).with_context(|| format!("loading {spec}"))?;
-            Ok((det.info().variant.name().to_string(), det))
-        }
-    }
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -154,11 +142,11 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
 /// `out/profile.csv` (model, batch, op, calls, ms, share of the pass).
 fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Path) -> candle_core::Result<()> {
     det.device().synchronize()?;
-    yolo_edge::profile::enable(det.device());
+    yolo_edge::backend::profile::enable(det.device());
     let t0 = Instant::now();
     let r = run_once(det, work);
     let total = t0.elapsed().as_secs_f64() * 1e3;
-    let ops = yolo_edge::profile::take();
+    let ops = yolo_edge::backend::profile::take();
     r?;
     let timed: f64 = ops.iter().map(|o| o.2).sum();
     eprintln!("profile {name} batch {batch}: {total:.2} ms with synchronisation");
@@ -228,7 +216,7 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
             row.iters = t.len();
         }
         Err(e) => {
-            row.status = if yolo_edge::memory::is_oom(&e) { Status::Oom } else { Status::Error };
+            row.status = if yolo_edge::backend::oom::is_oom(&e) { Status::Oom } else { Status::Error };
             row.error = Some(e.to_string().lines().next().unwrap_or("").chars().take(300).collect());
             let _ = meter.trim();
         }
@@ -237,9 +225,10 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    a.tuning.install()?;
     anyhow::ensure!(a.imgsz > 0 && a.imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
     anyhow::ensure!(a.max_batch >= 1, "--max-batch must be at least 1");
-    let cache = startup::configure_compute_cache();
+    let cache = yolo_edge::env::configure_compute_cache();
     let dev = device::parse_device(&a.device)?;
     let dtypes = a.dtype.split(',').map(|d| device::parse_dtype(d, &dev)).collect::<Result<Vec<_>, _>>()?;
     let batches = parse_batches(&a.batches, a.max_batch)?;
@@ -259,13 +248,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     for spec in &specs {
         for &dtype in &dtypes {
             let t0 = Instant::now();
-            let (name, det) = load(spec, &dev, dtype, a.imgsz, a.seed)?;
+            let (name, det) = common::load_detector(spec, &dev, dtype, a.imgsz, a.seed)?;
             dev.synchronize()?;
             let load_ms = t0.elapsed().as_secs_f64() * 1e3;
             let st = startup::warm_up(&det, load_ms).context("first forward pass")?;
             eprintln!("{name} {}: load {:.0} ms, first forward {:.1} ms, second {:.1} ms", device::dtype_name(dtype), st.load_ms, st.first_forward_ms, st.second_forward_ms);
             starts.push(serde_json::json!({"model": name, "dtype": device::dtype_name(dtype), "startup": st}));
-            // batch 1 on CUDA replays a captured graph, as in the agent (YOLO_EDGE_CUDA_GRAPH=0: eager)
+            // batch 1 on CUDA replays a captured graph, as in the agent (`--cuda-graphs off`: eager)
             det.use_graphs(true);
             for mode in &modes {
                 for &b in &batches {
@@ -282,7 +271,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                     let stop = row.status == Status::Oom;
                     rows.push(row);
                     // keep partial results if the run is cut short
-                    benchreport::write(&a.out.join("bench.csv"), &benchreport::csv(&rows))?;
+                    report::write(&a.out.join("bench.csv"), &report::csv(&rows))?;
                     if stop {
                         break; // larger batches would fail too
                     }
@@ -292,13 +281,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             let _ = meter.trim();
         }
     }
-    let md = benchreport::markdown(&rows);
-    benchreport::write(&a.out.join("bench.md"), &md)?;
-    benchreport::write(&a.out.join("bench.csv"), &benchreport::csv(&rows))?;
+    let md = report::markdown(&rows);
+    report::write(&a.out.join("bench.md"), &md)?;
+    report::write(&a.out.join("bench.csv"), &report::csv(&rows))?;
     let json = serde_json::json!({"device": device::device_name(&dev), "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});
-    benchreport::write(&a.out.join("bench.json"), &serde_json::to_string_pretty(&json)?)?;
+    report::write(&a.out.join("bench.json"), &serde_json::to_string_pretty(&json)?)?;
     let title = a.title.clone().unwrap_or_else(|| format!("yolo-edge bench on {}, {}x{}", device::device_name(&dev), a.imgsz, a.imgsz));
-    if let Err(e) = benchreport::chart(&rows, &title, &a.out.join("bench.png")) {
+    if let Err(e) = report::chart(&rows, &title, &a.out.join("bench.png")) {
         eprintln!("warning: {e}");
     }
     println!("{md}");

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use yolo_edge::{device, model, weights};
+use yolo_edge::backend::device;
+use yolo_edge::{model, weights};
 
 #[derive(Args)]
 pub struct ConvertArgs {

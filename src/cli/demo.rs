@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use yolo_edge::agent::AgentError;
-use yolo_edge::config::BatchSpec;
+use yolo_edge::agent::config::BatchSpec;
 use yolo_edge::demo::{self, DemoError, DemoOptions};
 
 use super::exit;

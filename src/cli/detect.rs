@@ -11,9 +11,10 @@ use clap::Args;
 use rayon::prelude::*;
 
 use yolo_edge::detector::Detector;
-use yolo_edge::postprocess::Thresholds;
-use yolo_edge::preprocess::{self, DecodeLimits, Letterboxed};
-use yolo_edge::{annotate, device};
+use yolo_edge::vision::postprocess::Thresholds;
+use yolo_edge::vision::preprocess::{self, DecodeLimits, Letterboxed};
+use yolo_edge::backend::device;
+use yolo_edge::vision::annotate;
 
 #[derive(Args)]
 pub struct DetectArgs {
@@ -50,16 +51,19 @@ pub struct DetectArgs {
     /// Images (JPEG, PNG, BMP, WebP).
     #[arg(required = true)]
     images: Vec<PathBuf>,
+    #[command(flatten)]
+    tuning: super::common::TuningArgs,
 }
 
 pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
+    a.tuning.install()?;
     anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
     anyhow::ensure!(a.imgsz > 0 && a.imgsz % 32 == 0, "--imgsz must be a positive multiple of 32, got {}", a.imgsz);
     anyhow::ensure!((0.0..=1.0).contains(&a.conf) && (0.0..=1.0).contains(&a.iou), "--conf and --iou must be within 0..1");
     let dev = device::parse_device(&a.device)?;
     let dtype = device::parse_dtype(&a.dtype, &dev)?;
     let det = Detector::load(&a.model, &dev, dtype, Some(a.imgsz)).with_context(|| format!("loading model {}", a.model.display()))?;
-    det.use_graphs(true); // batch 1 on CUDA replays a captured graph (YOLO_EDGE_CUDA_GRAPH=0: eager)
+    det.use_graphs(true); // batch 1 on CUDA replays a captured graph (`--cuda-graphs off`: eager)
     let th = Thresholds { conf: a.conf, iou: a.iou, max_det: a.max_det };
     let mut json: Option<Box<dyn Write>> = match &a.json {
         Some(p) if p.as_os_str() == "-" => Some(Box::new(std::io::stdout().lock())),
@@ -92,7 +96,7 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
             if a.raw_out.is_some() {
                 raws.push(raw.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?);
             }
-            cands.into_iter().zip(&ok).map(|(c, lb)| yolo_edge::postprocess::finish(c, &th, &lb.geometry, &det.info().names)).collect()
+            cands.into_iter().zip(&ok).map(|(c, lb)| yolo_edge::vision::postprocess::finish(c, &th, &lb.geometry, &det.info().names)).collect()
         }
         .into_iter();
         for (path, prep) in chunk.iter().zip(prepared) {

@@ -9,9 +9,9 @@ use anyhow::Context;
 use clap::Args;
 
 use yolo_edge::detector::Detector;
-use yolo_edge::device;
+use yolo_edge::backend::device;
 use yolo_edge::eval::{self, dataset::Dataset, EvalOptions, EvalReport};
-use yolo_edge::postprocess::Thresholds;
+use yolo_edge::vision::postprocess::Thresholds;
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -45,9 +45,12 @@ pub struct EvalArgs {
     /// Also write the report as JSON here (`-` for stdout, the table then goes to stderr).
     #[arg(long)]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    tuning: super::common::TuningArgs,
 }
 
 pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
+    a.tuning.install()?;
     anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
     if let Some(s) = a.imgsz {
         anyhow::ensure!(s > 0 && s % 32 == 0, "--imgsz must be a positive multiple of 32, got {s}");

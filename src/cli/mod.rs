@@ -1,20 +1,22 @@
 //! Subcommands of the `yolo-edge` binary and the exit codes scripts can rely on.
 
 mod bench;
+mod common;
 mod convert;
 mod demo;
 mod detect;
-mod run;
-mod plan;
 mod eval;
+mod info;
+mod letterbox;
+mod plan;
+mod run;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use yolo_edge::{device, model, weights};
+use yolo_edge::backend::device;
+use yolo_edge::{model, weights};
 
 /// Exit codes (documented in the README).
 pub mod exit {
@@ -58,16 +60,7 @@ enum Cmd {
     /// Detect objects in image files.
     Detect(detect::DetectArgs),
     /// Describe a model: variant, head, classes, parameters, GFLOPs.
-    Info {
-        /// Checkpoint (.pt or .safetensors).
-        model: PathBuf,
-        /// Image size for the GFLOPs figure.
-        #[arg(long, default_value_t = 640)]
-        imgsz: usize,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Info(info::InfoArgs),
     /// Measure mAP50, mAP50-95, precision and recall on a YOLO-format dataset (as ultralytics val).
     Eval(eval::EvalArgs),
     /// Fold a checkpoint (BatchNorm, RepConv) into a safetensors file that loads fastest.
@@ -79,13 +72,7 @@ enum Cmd {
     /// Pick the batch size from the device's memory and explain the decision.
     Plan(plan::PlanArgs),
     /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
-    Letterbox {
-        image: PathBuf,
-        #[arg(long, default_value_t = 640)]
-        imgsz: u32,
-        #[arg(long)]
-        out: PathBuf,
-    },
+    Letterbox(letterbox::LetterboxArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -97,8 +84,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Eval(a) => eval::run(a),
-        Cmd::Info { model, imgsz, json } => info(&model, imgsz, json),
-        Cmd::Letterbox { image, imgsz, out } => letterbox(&image, imgsz, &out),
+        Cmd::Info(a) => info::run(a),
+        Cmd::Letterbox(a) => letterbox::run(a),
     }
 }
 
@@ -118,7 +105,7 @@ pub fn log_filter(cli: &Cli, rust_log: Option<&str>) -> String {
 /// Maps an error chain to an exit code.
 pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
-        if cause.is::<yolo_edge::config::ConfigError>() {
+        if cause.is::<yolo_edge::agent::config::ConfigError>() {
             return exit::CONFIG;
         }
         if cause.is::<device::DeviceError>() {
@@ -129,46 +116,6 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         }
     }
     exit::OTHER
-}
-
-fn info(path: &std::path::Path, imgsz: usize, json: bool) -> anyhow::Result<ExitCode> {
-    let ck = weights::Checkpoint::load(path)?;
-    let m = model::YoloV9::from_checkpoint(&ck, &model::BuildOptions::new(candle_core::Device::Cpu, candle_core::DType::F32))?;
-    let gflops = m.gflops(imgsz).context("computing GFLOPs")?;
-    let i = m.info();
-    if json {
-        let mut v = serde_json::to_value(i)?;
-        v["gflops"] = serde_json::json!(gflops);
-        v["gflops_imgsz"] = serde_json::json!(imgsz);
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        println!("model      {}", i.path);
-        println!("variant    {}", i.variant.name());
-        println!("head       {:?}", i.head);
-        println!("format     {:?}", i.source);
-        println!("classes    {} {:?}", i.nc, if i.names.len() > 10 { &i.names[..10] } else { &i.names[..] });
-        println!("strides    {:?}", i.strides);
-        println!("imgsz      {}", i.imgsz);
-        println!("parameters {} ({:.2} M)", i.parameters, i.parameters as f64 / 1e6);
-        println!("GFLOPs     {gflops:.1} at {imgsz}x{imgsz}");
-        println!("sha256     {}", i.sha256);
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn letterbox(image: &std::path::Path, imgsz: u32, out: &std::path::Path) -> anyhow::Result<ExitCode> {
-    use yolo_edge::preprocess;
-    anyhow::ensure!(imgsz > 0 && imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
-    let img = preprocess::load_image(image, &preprocess::DecodeLimits::default()).with_context(|| format!("{}", image.display()))?;
-    let lb = preprocess::letterbox(&img, imgsz);
-    if out.extension().and_then(|e| e.to_str()) == Some("npy") {
-        let t = candle_core::Tensor::from_vec(lb.pixels, (imgsz as usize, imgsz as usize, 3), &candle_core::Device::Cpu)?;
-        t.write_npy(out)?;
-    } else {
-        image::RgbImage::from_raw(imgsz, imgsz, lb.pixels).context("letterbox buffer")?.save(out)?;
-    }
-    eprintln!("{} -> {} ({:?})", image.display(), out.display(), lb.geometry);
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

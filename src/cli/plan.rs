@@ -7,9 +7,10 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 
-use yolo_edge::devmem::{self, PeakMeter};
+use yolo_edge::backend::devmem::{self, PeakMeter};
 use yolo_edge::planner::{self, Budget, DetectorProber, MemoryTelemetry, PlannerConfig, MIB};
-use yolo_edge::{device, startup};
+use yolo_edge::backend::device;
+use yolo_edge::detector::warmup as startup;
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -24,7 +25,7 @@ pub struct PlanArgs {
     imgsz: usize,
     /// Cap below the device's free memory, e.g. 8GiB.
     #[arg(long)]
-    memory_limit: Option<String>,
+    memory_limit: Option<yolo_edge::units::ByteSize>,
     #[arg(long, default_value_t = 0.8)]
     memory_fraction: f64,
     #[arg(long, default_value_t = 256)]
@@ -54,6 +55,8 @@ pub struct PlanArgs {
     /// Stop the soak after this many seconds even if fewer passes ran.
     #[arg(long, default_value_t = 120.0)]
     soak_seconds: f64,
+    #[command(flatten)]
+    tuning: super::common::TuningArgs,
 }
 
 /// One measured point of `--sweep`.
@@ -163,25 +166,21 @@ fn soak(det: &yolo_edge::detector::Detector, batch: usize, n: usize, max_s: f64,
 }
 
 pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
+    a.tuning.install()?;
     anyhow::ensure!(a.imgsz > 0 && a.imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
     let cfg = PlannerConfig {
-        memory_limit: a.memory_limit.as_deref().map(planner::parse_bytes).transpose()?,
+        memory_limit: a.memory_limit.map(|b| b.0),
         memory_fraction: a.memory_fraction,
         max_batch: a.max_batch,
         probe_batches: a.probe_batches.clone(),
     };
     cfg.validate()?;
-    startup::configure_compute_cache();
+    yolo_edge::env::configure_compute_cache();
     let dev = device::parse_device(&a.device)?;
     let dtype = device::parse_dtype(&a.dtype, &dev)?;
     let t0 = Instant::now();
-    let (name, det) = super::bench::load(&a.model, &dev, dtype, a.imgsz, a.seed)?;
+    let (name, det) = super::common::load_detector(&a.model, &dev, dtype, a.imgsz, a.seed)?;
     let st = startup::warm_up(&det, t0.elapsed().as_secs_f64() * 1e3).context("first forward pass")?;
-    // YOLO_EDGE_CUDA_GRAPH=all (an experiment): plan, sweep and soak the graph-replayed passes the
-    // agent would then run; by default the planner measures eager passes
-    if yolo_edge::detector::graph_policy() == yolo_edge::detector::GraphPolicy::All {
-        det.use_graphs(true);
-    }
     // the budget is what is free with the model loaded and its kernels warm
     let meter = PeakMeter::new(&dev);
     meter.trim()?;

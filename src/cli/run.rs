@@ -17,7 +17,7 @@ pub struct RunArgs {
 
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     if a.check {
-        let c = yolo_edge::config::Config::load(&a.config)?;
+        let c = yolo_edge::agent::config::Config::load(&a.config)?;
         println!("{}: ok (sha256 {})", a.config.display(), c.sha256);
         return Ok(ExitCode::SUCCESS);
     }

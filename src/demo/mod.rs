@@ -6,6 +6,7 @@
 
 pub mod broker;
 pub mod report;
+pub mod samples;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -15,8 +16,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use crate::agent::{self, AgentError};
-use crate::config::BatchSpec;
-use crate::samples::{self, SampleImage};
+use crate::agent::config::BatchSpec;
+use samples::SampleImage;
 
 pub use broker::{BrokerAddr, BrokerError};
 pub use report::{Check, Observer, Summary};
@@ -140,7 +141,7 @@ pub fn sample_set(n: usize) -> Vec<(String, SampleImage)> {
     (0..n).map(|i| (format!("sample-{:0width$}.png", i + 1), scenes[i % scenes.len()].clone())).collect()
 }
 
-/// The agent's configuration for the demo, as TOML (validated by [`crate::config::Config`] like
+/// The agent's configuration for the demo, as TOML (validated by [`crate::agent::config::Config`] like
 /// any operator's file when the agent loads it).
 pub fn agent_config(dir: &Path, model: &Path, broker: &BrokerAddr, device_id: &str, o: &DemoOptions) -> Result<String, DemoError> {
     let utf8 = |p: &Path| p.to_str().map(str::to_string).ok_or_else(|| DemoError::NonUtf8Path(p.to_path_buf()));
@@ -298,7 +299,7 @@ fn run_in(o: &DemoOptions, dir: &Path, t0: Instant, deadline: Instant, out: &mut
         if let (Some(dir), Some(name)) = (&o.annotate, &u.image) {
             if let (Some(s), Some(dets)) = (images.get(name.as_str()), obs.results.get(name)) {
                 let mut img = s.image.clone();
-                crate::annotate::draw(&mut img, dets);
+                crate::vision::annotate::draw(&mut img, dets);
                 std::fs::create_dir_all(dir).map_err(|source| DemoError::Io { what: "cannot create", path: dir.clone(), source })?;
                 let p = dir.join(name);
                 img.save(&p).map_err(|source| DemoError::Image { path: p, source })?;
@@ -382,12 +383,12 @@ mod tests {
         for batch in [BatchSpec::Auto, BatchSpec::Fixed(4), BatchSpec::Fixed(32)] {
             let o = DemoOptions { batch, device: "cpu".into(), ..Default::default() };
             let text = agent_config(dir, &dir.join("m.safetensors"), &broker, "demo-1", &o).unwrap();
-            let c = crate::config::Config::parse(&text, &dir.join("agent.toml")).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let c = crate::agent::config::Config::parse(&text, &dir.join("agent.toml")).unwrap_or_else(|e| panic!("{e}\n{text}"));
             assert_eq!(c.device.batch, batch);
             assert_eq!((c.device.imgsz, c.device.device.as_str()), (DEFAULT_IMGSZ, "cpu"));
             assert_eq!(c.mqtt.topic("status"), "yolo-edge/demo-1/status");
             assert_eq!(c.mqtt.port, 18830);
-            assert!(matches!(&c.sources[0], crate::config::SourceConfig::Folder { id, path, .. } if id == SOURCE && path == &dir.join("in")));
+            assert!(matches!(&c.sources[0], crate::agent::config::SourceConfig::Folder { id, path, .. } if id == SOURCE && path == &dir.join("in")));
             assert_eq!(c.model.path, dir.join("m.safetensors"));
         }
     }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::eval::metrics::{match_predictions, LabeledBox};
-use crate::postprocess::Detection;
-use crate::samples::{DrawnObject, Shape};
+use crate::vision::postprocess::Detection;
+use crate::demo::samples::{DrawnObject, Shape};
 
 /// The sample classes, in class-id order (what the check needs the model to know).
 pub const SAMPLE_CLASSES: [Shape; 5] = [Shape::Circle, Shape::Square, Shape::Triangle, Shape::Star, Shape::Ring];

@@ -15,8 +15,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::detector::Detector;
-use crate::postprocess::{self, Candidate, Thresholds};
-use crate::preprocess::{self, DecodeLimits, Letterboxed};
+use crate::vision::postprocess::{self, Candidate, Thresholds};
+use crate::vision::preprocess::{self, DecodeLimits, Letterboxed};
 use dataset::{Dataset, DatasetError, Label, Sample};
 use metrics::{LabeledBox, ScoredPrediction};
 

@@ -15,14 +15,6 @@ thread_local! {
     pub(crate) static MACS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
-/// Whether CUDA convolutions finish in the one-kernel epilogue (`YOLO_EDGE_EPILOGUE=candle`
-/// selects candle's broadcast add + silu + add instead, for comparison).
-#[cfg(feature = "cuda")]
-fn gpu_epilogue_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("YOLO_EDGE_EPILOGUE").as_deref() != Ok("candle"))
-}
-
 fn count_macs(w: &Tensor, out: &Tensor) {
     MACS.with(|m| {
         if let Some(v) = m.get() {
@@ -46,7 +38,7 @@ pub struct Conv {
     /// The activation layout; on NHWC the weight is stored `(K, R, S, C/groups)`.
     lay: Lay,
     /// The weight packed for the CPU kernel (f32 CPU convolutions of one group).
-    packed: Option<std::sync::Arc<super::cpukernel::PackedWeights>>,
+    packed: Option<std::sync::Arc<crate::backend::cpu::kernel::PackedWeights>>,
     /// Set while BatchNorm statistics are being measured (tests, calibration).
     calib: Option<Calib>,
 }
@@ -124,7 +116,7 @@ impl Conv {
         let w = if lay == Lay::Nhwc { w.permute((0, 2, 3, 1))?.contiguous()? } else { w };
         let weight = w.to_dtype(dt)?.to_device(dev)?;
         let packed = if lay == Lay::Nchw && groups == 1 && weight.dtype() == DType::F32 && weight.device().is_cpu() {
-            Some(std::sync::Arc::new(super::cpukernel::PackedWeights::new(&weight)?))
+            Some(std::sync::Arc::new(crate::backend::cpu::kernel::PackedWeights::new(&weight)?))
         } else {
             None
         };
@@ -173,12 +165,12 @@ impl Conv {
         }
         let (c_out, cin_g, k, _) = self.weight.dims4()?;
         let c_in = x.dim(1)?;
-        let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 && !crate::fastconv::cudnn_takes(x) {
+        let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 && !crate::backend::conv::cudnn_takes(x) {
             depthwise(x, &self.weight, k, self.padding)?
         } else if self.groups == 1 && x.device().is_cpu() {
             im2col_gemm(x, &self.weight, self.stride, self.padding)?
         } else {
-            crate::fastconv::conv2d(x, &self.weight, self.padding, self.stride, self.groups)?
+            crate::backend::conv::conv2d(x, &self.weight, self.padding, self.stride, self.groups)?
         };
         count_macs(&self.weight, &y);
         Ok(y)
@@ -200,10 +192,10 @@ impl Conv {
             return x2.matmul(&self.weight.reshape((co, cin_g))?.t()?)?.reshape((n, h, w, co));
         }
         #[cfg(feature = "cudnn")]
-        if let Some(r) = super::cudnn_conv::conv2d(x, &self.weight, self.padding, self.stride, self.groups, true) {
+        if let Some(r) = crate::backend::cuda::cudnn::conv2d(x, &self.weight, self.padding, self.stride, self.groups, true) {
             return r;
         }
-        let y = crate::fastconv::conv2d(&Lay::Nhwc.to_nchw(x)?, &self.weight_kcrs()?, self.padding, self.stride, self.groups)?;
+        let y = crate::backend::conv::conv2d(&Lay::Nhwc.to_nchw(x)?, &self.weight_kcrs()?, self.padding, self.stride, self.groups)?;
         Lay::Nhwc.from_nchw(&y)
     }
 }
@@ -269,7 +261,7 @@ fn depthwise(x: &Tensor, w: &Tensor, k: usize, pad: usize) -> candle_core::Resul
 
 impl Conv {
     /// `act(conv(cat(xs, 1)) + bias) (+ residual)`. On the CPU in f32 this is one pass
-    /// ([`super::cpuconv`]): no concatenation, bias, activation or residual tensors in between.
+    /// ([`crate::backend::cpu::conv`]): no concatenation, bias, activation or residual tensors in between.
     pub fn forward_cat(&self, xs: &[&Tensor], residual: Option<&Tensor>) -> candle_core::Result<Tensor> {
         let x0 = xs.first().ok_or_else(|| candle_core::Error::Msg("conv without input".into()))?;
         let (k, s) = (self.weight.dim(2)?, self.stride);
@@ -281,19 +273,19 @@ impl Conv {
             && xs.iter().all(|x| x.dtype() == DType::F32)
             && (xs.len() == 1 || (k == 1 && s == 1 && self.padding == 0))
         {
-            let y = crate::profile::scope(
+            let y = crate::backend::profile::scope(
                 || format!("{} +bias+act (fused)", self.op_name(x0)),
-                || super::cpuconv::conv2d(xs, &self.weight, self.packed.as_deref(), &self.bias, s, self.padding, self.act, residual),
+                || crate::backend::cpu::conv::conv2d(xs, &self.weight, self.packed.as_deref(), &self.bias, s, self.padding, self.act, residual),
             )?;
             count_macs(&self.weight, &y);
             return Ok(y);
         }
         #[cfg(feature = "cuda")]
-        if self.calib.is_none() && x0.device().is_cuda() && gpu_epilogue_on() {
-            let x = if xs.len() == 1 { (*x0).clone() } else { crate::profile::scope(|| "concat".into(), || self.lay.cat_c(xs))? };
-            let y = crate::profile::scope(|| self.op_name(&x), || self.conv(&x))?;
+        if self.calib.is_none() && x0.device().is_cuda()  {
+            let x = if xs.len() == 1 { (*x0).clone() } else { crate::backend::profile::scope(|| "concat".into(), || self.lay.cat_c(xs))? };
+            let y = crate::backend::profile::scope(|| self.op_name(&x), || self.conv(&x))?;
             let what = || format!("{}{} (fused)", if self.act { "bias+silu" } else { "bias" }, if residual.is_some() { "+residual" } else { "" });
-            return crate::profile::scope(what, || super::gpu_epilogue::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc));
+            return crate::backend::profile::scope(what, || crate::backend::cuda::epilogue::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc));
         }
         let y = if xs.len() == 1 { self.forward_one(x0)? } else { self.forward_one(&self.lay.cat_c(xs)?)? };
         match residual {
@@ -304,13 +296,13 @@ impl Conv {
 
     /// candle's ops: the GPU path, f16, grouped convolutions and BatchNorm calibration.
     fn forward_one(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = crate::profile::scope(|| self.op_name(x), || self.conv(x))?;
+        let y = crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))?;
         let Some(c) = &self.calib else {
             let bias = match self.lay {
                 Lay::Nchw => self.bias.reshape((1, (), 1, 1))?,
                 Lay::Nhwc => self.bias.reshape((1, 1, 1, ()))?,
             };
-            return crate::profile::scope(|| (if self.act { "bias+silu" } else { "bias" }).into(), || self.activate(y.broadcast_add(&bias)?));
+            return crate::backend::profile::scope(|| (if self.act { "bias+silu" } else { "bias" }).into(), || self.activate(y.broadcast_add(&bias)?));
         };
         // BatchNorm with this batch's statistics, which become the running statistics
         // (biased variance), exactly as `scripts/make_goldens.py` calibrates the reference.
@@ -479,7 +471,7 @@ impl Module for Elan {
         let y1 = lay.narrow_c(&y, half, c - half)?;
         // channels last, the slice is strided on every pixel: copied once here rather than by
         // each convolution that reads it
-        let y1 = if lay == Lay::Nhwc { crate::profile::scope(|| "split copy".into(), || y1.contiguous())? } else { y1 };
+        let y1 = if lay == Lay::Nhwc { crate::backend::profile::scope(|| "split copy".into(), || y1.contiguous())? } else { y1 };
         let y2 = self.cv2.forward(&y1)?;
         let y3 = self.cv3.forward(&y2)?;
         // chunk(2) gives y0, y1 and cat(y0, y1) is y itself
@@ -501,7 +493,7 @@ impl AConv {
 
 impl Module for AConv {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.cv1.forward(&crate::profile::scope(|| "avgpool".into(), || self.cv1.lay().avg_pool_2x2_s1(x))?)
+        self.cv1.forward(&crate::backend::profile::scope(|| "avgpool".into(), || self.cv1.lay().avg_pool_2x2_s1(x))?)
     }
 }
 
@@ -522,12 +514,12 @@ impl ADown {
 impl Module for ADown {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let lay = self.cv1.lay();
-        let x = crate::profile::scope(|| "avgpool".into(), || lay.avg_pool_2x2_s1(x))?;
+        let x = crate::backend::profile::scope(|| "avgpool".into(), || lay.avg_pool_2x2_s1(x))?;
         let c = lay.chw(&x)?.0;
         let half = c.div_ceil(2);
         let x1 = self.cv1.forward(&lay.narrow_c(&x, 0, half)?)?;
-        let x2 = self.cv2.forward(&crate::profile::scope(|| "maxpool".into(), || lay.max_pool_padded(&lay.narrow_c(&x, half, c - half)?, 3, 2))?)?;
-        crate::profile::scope(|| "concat".into(), || lay.cat_c(&[x1, x2]))
+        let x2 = self.cv2.forward(&crate::backend::profile::scope(|| "maxpool".into(), || lay.max_pool_padded(&lay.narrow_c(&x, half, c - half)?, 3, 2))?)?;
+        crate::backend::profile::scope(|| "concat".into(), || lay.cat_c(&[x1, x2]))
     }
 }
 
@@ -548,7 +540,7 @@ impl Module for Sppelan {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let mut ys = vec![self.cv1.forward(x)?];
         for _ in 0..3 {
-            let y = crate::profile::scope(|| "maxpool".into(), || self.cv1.lay().max_pool_padded(ys.last().unwrap(), 5, 1))?;
+            let y = crate::backend::profile::scope(|| "maxpool".into(), || self.cv1.lay().max_pool_padded(ys.last().unwrap(), 5, 1))?;
             ys.push(y);
         }
         self.cv5.forward_cat(&ys.iter().collect::<Vec<_>>(), None)
@@ -586,7 +578,7 @@ impl CbLinear {
 pub fn cb_fuse(lay: Lay, picked: &[Tensor], last: &Tensor) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     if lay == Lay::Nhwc && last.device().is_cuda() {
-        return super::gpu_fuse::add_upsampled(last, picked);
+        return crate::backend::cuda::fuse::add_upsampled(last, picked);
     }
     let (_, h, w) = lay.chw(last)?;
     let mut acc = last.clone();

@@ -144,15 +144,15 @@ impl Detect {
         let mut cls_parts = Vec::with_capacity(feats.len());
         for (i, f) in feats.iter().enumerate() {
             let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
-            let flat = |t: &Tensor| crate::profile::scope(|| "head: relayout".into(), || self.lay.to_nchw(t)?.flatten_from(2));
+            let flat = |t: &Tensor| crate::backend::profile::scope(|| "head: relayout".into(), || self.lay.to_nchw(t)?.flatten_from(2));
             box_parts.push(flat(&bx)?);
             cls_parts.push(flat(&cl)?);
         }
-        crate::profile::scope(|| "head: DFL + decode".into(), || self.decode(feats, input_hw, b, &box_parts, &cls_parts))
+        crate::backend::profile::scope(|| "head: DFL + decode".into(), || self.decode(feats, input_hw, b, &box_parts, &cls_parts))
     }
 
     /// The CUDA path of [`Self::forward`] on channels-last features: the branches, then one decode
-    /// kernel per level ([`super::gpu_head`]) and one concatenation of the levels' outputs.
+    /// kernel per level ([`crate::backend::cuda::head`]) and one concatenation of the levels' outputs.
     #[cfg(feature = "cuda")]
     fn forward_fused(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
         let mut levels = Vec::with_capacity(feats.len());
@@ -160,9 +160,9 @@ impl Detect {
             let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
             let (_, h, _) = self.lay.chw(f)?;
             let stride = (input_hw.0 / h.max(1)) as f32;
-            levels.push(crate::profile::scope(|| "head: DFL + decode (fused)".into(), || super::gpu_head::decode_level(&bx, &cl, &self.proj_f32, stride))?);
+            levels.push(crate::backend::profile::scope(|| "head: DFL + decode (fused)".into(), || crate::backend::cuda::head::decode_level(&bx, &cl, &self.proj_f32, stride))?);
         }
-        crate::profile::scope(|| "head: concat levels".into(), || Tensor::cat(&levels, 2))
+        crate::backend::profile::scope(|| "head: concat levels".into(), || Tensor::cat(&levels, 2))
     }
 
     /// DFL expectation, anchor decode and sigmoid over the flattened branch outputs.

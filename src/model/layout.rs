@@ -4,7 +4,7 @@
 //!
 //! Why NHWC on the GPU: cuDNN's FP16 tensor-core convolutions work on channels-last data. Fed
 //! NCHW, every 3x3 convolution first re-lays its input out in a workspace that grows with the
-//! batch (time, and on a free card 2x PyTorch's memory per picture; BENCHMARKS.md, session 4).
+//! batch (time, and on a free card 2x PyTorch's memory per picture; BENCHMARKS.md, "Settled experiments").
 //! Channels last, a 1x1 convolution is one plain GEMM over `(N*H*W, C)` and the re-layout is
 //! gone. The tensors of an NHWC model are physically `(N, H, W, C)` and contiguous; the model's
 //! input and output keep the reference's shapes, so callers never see the difference.
@@ -21,12 +21,10 @@ pub enum Lay {
     Nhwc,
 }
 
-/// The layout a model on `device` runs in: NHWC on CUDA when cuDNN takes the convolutions, unless
-/// `YOLO_EDGE_LAYOUT=nchw` (for A/B runs); NCHW everywhere else.
+/// The layout a model on `device` runs in: NHWC on CUDA when cuDNN takes the convolutions (the
+/// tensor-core kernels read channels last), NCHW everywhere else and while calibrating.
 pub fn choose(device: &candle_core::Device, calibrating: bool) -> Lay {
-    static NCHW_FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let forced = *NCHW_FORCED.get_or_init(|| std::env::var("YOLO_EDGE_LAYOUT").as_deref() == Ok("nchw"));
-    if device.is_cuda() && cfg!(feature = "cudnn") && crate::fastconv::cudnn_enabled() && !forced && !calibrating {
+    if device.is_cuda() && cfg!(feature = "cudnn") && !calibrating {
         Lay::Nhwc
     } else {
         Lay::Nchw
@@ -129,7 +127,7 @@ enum Pool {
 #[cfg(feature = "cuda")]
 fn pool_nhwc(x: &Tensor, kind: Pool, k: usize, s: usize, p: usize) -> candle_core::Result<Tensor> {
     if x.device().is_cuda() {
-        return super::gpu_pool::pool(x, matches!(kind, Pool::Max), k, s, p);
+        return crate::backend::cuda::pool::pool(x, matches!(kind, Pool::Max), k, s, p);
     }
     pool_nhwc_candle(x, kind, k, s, p)
 }

@@ -4,34 +4,9 @@
 
 pub mod arch;
 pub mod blocks;
-mod cpuconv;
-mod cpukernel;
-#[cfg(feature = "cudnn")]
-pub(crate) mod cudnn_conv;
-#[cfg(feature = "cuda")]
-pub(crate) mod gpu_candidates;
-#[cfg(feature = "cuda")]
-mod gpu_epilogue;
-#[cfg(feature = "cuda")]
-pub(crate) mod gpu_graph;
-#[cfg(feature = "cuda")]
-pub(crate) mod gpu_input;
-#[cfg(feature = "cuda")]
-mod gpu_fuse;
-
-/// The launch shape of the project's grid-stride kernels: `block` threads per block and enough
-/// blocks for one thread per work unit, at most 2^20 (each thread then loops over the rest).
-#[cfg(feature = "cuda")]
-pub(crate) fn grid(units: usize, block: u32) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-    let blocks = units.div_ceil(block as usize).clamp(1, 1 << 20) as u32;
-    candle_core::cuda_backend::cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
-}
-#[cfg(feature = "cuda")]
-mod gpu_head;
-#[cfg(feature = "cuda")]
-mod gpu_pool;
 pub mod head;
 pub mod layout;
+pub mod random;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -219,7 +194,7 @@ impl YoloV9 {
             (None, false) => layout::choose(&opts.device, false),
         };
         if lay == layout::Lay::Nhwc {
-            tracing::debug!("activations channels-last (NHWC) on the GPU (YOLO_EDGE_LAYOUT=nchw for the reference layout)");
+            tracing::debug!("activations channels-last (NHWC) on the GPU");
         }
         let root = Vb { tensors: tensors.clone(), prefix: "model".into(), device: opts.device.clone(), dtype: opts.dtype, calib: opts.calib.clone(), export: opts.export.clone(), lay };
         let src_ch = |i: usize, f: isize| -> usize {
@@ -319,7 +294,7 @@ impl YoloV9 {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (_, _, h, w) = x.dims4()?;
         let lay = self.lay;
-        let x = &crate::profile::scope(|| "input relayout".into(), || lay.from_nchw(x))?;
+        let x = &crate::backend::profile::scope(|| "input relayout".into(), || lay.from_nchw(x))?;
         let mut outs: Vec<Option<Out>> = (0..self.layers.len()).map(|_| None).collect();
         for (i, (spec, layer)) in self.specs.iter().zip(&self.layers).enumerate() {
             let input = |k: usize, outs: &Vec<Option<Out>>| -> candle_core::Result<Tensor> {
@@ -340,11 +315,11 @@ impl YoloV9 {
                 Layer::Upsample => {
                     let t = input(0, &outs)?;
                     let (_, th, tw) = lay.chw(&t)?;
-                    Out::One(crate::profile::scope(|| "upsample".into(), || lay.upsample(&t, th * 2, tw * 2))?)
+                    Out::One(crate::backend::profile::scope(|| "upsample".into(), || lay.upsample(&t, th * 2, tw * 2))?)
                 }
                 Layer::Concat => {
                     let ts = (0..spec.from.len()).map(|k| input(k, &outs)).collect::<candle_core::Result<Vec<_>>>()?;
-                    Out::One(crate::profile::scope(|| "concat (neck)".into(), || lay.cat_c(&ts))?)
+                    Out::One(crate::backend::profile::scope(|| "concat (neck)".into(), || lay.cat_c(&ts))?)
                 }
                 Layer::CbLinear(m) => Out::Many(m.forward(&input(0, &outs)?)?),
                 Layer::CbFuse(idx) => {
@@ -357,7 +332,7 @@ impl YoloV9 {
                         })
                         .collect::<candle_core::Result<Vec<_>>>()?;
                     let last = input(spec.from.len() - 1, &outs)?;
-                    Out::One(crate::profile::scope(|| "cbfuse (upsample+add)".into(), || cb_fuse(lay, &picked, &last))?)
+                    Out::One(crate::backend::profile::scope(|| "cbfuse (upsample+add)".into(), || cb_fuse(lay, &picked, &last))?)
                 }
                 Layer::Detect(d) => {
                     let feats = (0..spec.from.len()).map(|k| input(k, &outs)).collect::<candle_core::Result<Vec<_>>>()?;
@@ -425,7 +400,7 @@ mod tests {
     #[test]
     fn nhwc_graph_equals_nchw() {
         for variant in [Variant::T, Variant::E] {
-            let ck = crate::randweights::random_checkpoint(variant, 7).unwrap();
+            let ck = crate::model::random::random_checkpoint(variant, 7).unwrap();
             let build = |lay| {
                 let mut o = BuildOptions::new(Device::Cpu, DType::F32);
                 o.layout = Some(lay);

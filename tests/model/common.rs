@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
-use yolo_edge::preprocess::{self, DecodeLimits, Letterboxed};
+use yolo_edge::vision::preprocess::{self, DecodeLimits, Letterboxed};
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -11,7 +11,7 @@
 use candle_core::{DType, Device};
 use yolo_edge::detector::Detector;
 use yolo_edge::model::{calibrate_batchnorm, BuildOptions, YoloV9};
-use yolo_edge::postprocess::Thresholds;
+use yolo_edge::vision::postprocess::Thresholds;
 use yolo_edge::weights::{Checkpoint, SourceFormat};
 
 use crate::common::*;

@@ -2,7 +2,7 @@
 //! on seeded random and gradient pictures; goldens from `scripts/make_goldens.py --only resize`.
 
 use sha2::{Digest, Sha256};
-use yolo_edge::preprocess::resize_linear_cv;
+use yolo_edge::vision::preprocess::resize_linear_cv;
 
 use crate::common::golden;
 use crate::seeded::uniforms;

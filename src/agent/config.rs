@@ -1,0 +1,857 @@
+//! The agent's TOML configuration: raw serde structs (unknown keys rejected) validated into a
+//! typed [`Config`]; every error names the file, line:column and key path.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::backend::tuning::Tuning;
+use crate::units::ByteSize;
+use sha2::{Digest, Sha256};
+
+use crate::vision::postprocess::Thresholds;
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}:{column}: `{key}`: {message}")]
+    Invalid { path: PathBuf, line: usize, column: usize, key: String, message: String },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw structs, as written in the file.
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    #[serde(default)]
+    device: RawDevice,
+    model: RawModel,
+    mqtt: RawMqtt,
+    #[serde(default)]
+    sources: Vec<RawSource>,
+    #[serde(default)]
+    telemetry: RawTelemetry,
+    spool: RawSpool,
+    #[serde(default)]
+    oom: RawOom,
+    #[serde(default)]
+    shutdown: RawShutdown,
+    #[serde(default)]
+    input: RawInput,
+    #[serde(default)]
+    tuning: Tuning,
+    #[serde(default)]
+    debug: RawDebug,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    #[serde(default = "d_auto")]
+    device: String,
+    #[serde(default = "d_auto")]
+    dtype: String,
+    #[serde(default = "d_imgsz")]
+    imgsz: Imgsz,
+    #[serde(default)]
+    batch: BatchSpec,
+    #[serde(default = "d_max_batch")]
+    max_batch: Ranged<1, 1024>,
+    #[serde(default = "d_fraction")]
+    memory_fraction: Fraction,
+    #[serde(default)]
+    memory_limit: Option<ByteSize>,
+    #[serde(default = "d_max_wait")]
+    max_wait_ms: Ranged<0, 60_000>,
+    #[serde(default)]
+    decode_threads: Option<Ranged<1, 256>>,
+}
+
+impl Default for RawDevice {
+    fn default() -> Self {
+        Self {
+            device: d_auto(),
+            dtype: d_auto(),
+            imgsz: d_imgsz(),
+            batch: BatchSpec::default(),
+            max_batch: d_max_batch(),
+            memory_fraction: d_fraction(),
+            memory_limit: None,
+            max_wait_ms: d_max_wait(),
+            decode_threads: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    path: PathBuf,
+    #[serde(default = "d_conf")]
+    conf: Fraction,
+    #[serde(default = "d_iou")]
+    iou: Fraction,
+    #[serde(default = "d_max_det")]
+    max_det: Ranged<1, 30_000>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMqtt {
+    host: String,
+    #[serde(default)]
+    port: Option<Ranged<1, 65535>>,
+    device_id: TopicLevel,
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default = "d_prefix")]
+    prefix: String,
+    #[serde(default)]
+    protocol: Protocol,
+    #[serde(default)]
+    tls: Option<RawTls>,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    password: Option<String>,
+    #[serde(default)]
+    password_file: Option<PathBuf>,
+    #[serde(default = "d_keepalive")]
+    keepalive_s: Ranged<5, 65535>,
+    #[serde(default = "d_qos")]
+    qos: Ranged<0, 1>,
+    #[serde(default = "d_inflight")]
+    max_inflight: Ranged<1, 1000>,
+    #[serde(default = "d_backoff_min")]
+    reconnect_min_ms: Ranged<10, 600_000>,
+    #[serde(default = "d_backoff_max")]
+    reconnect_max_ms: Ranged<10, 3_600_000>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: PathBuf,
+    #[serde(default)]
+    client_cert: Option<PathBuf>,
+    #[serde(default)]
+    client_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, tag = "type", rename_all = "lowercase")]
+enum RawSource {
+    Folder {
+        id: TopicLevel,
+        path: PathBuf,
+        #[serde(default)]
+        done_dir: Option<PathBuf>,
+        #[serde(default)]
+        failed_dir: Option<PathBuf>,
+        #[serde(default = "d_settle")]
+        settle_ms: Ranged<0, 60_000>,
+        #[serde(default = "d_scan")]
+        scan_interval_ms: Ranged<10, 60_000>,
+    },
+    Mqtt {
+        #[serde(default)]
+        id: Option<TopicLevel>,
+        topic: String,
+        #[serde(default = "d_id_level")]
+        id_from_topic_level: Ranged<0, 64>,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    #[serde(default = "d_interval")]
+    interval_s: PositiveF64,
+}
+impl Default for RawTelemetry {
+    fn default() -> Self {
+        Self { interval_s: d_interval() }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpool {
+    dir: PathBuf,
+    #[serde(default = "d_spool_max")]
+    max_bytes: ByteSize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOom {
+    #[serde(default = "d_quiet")]
+    quiet_period_s: PositiveF64,
+    /// Seconds without work after which cached device memory goes back to the device (0: keep).
+    #[serde(default = "d_release_idle")]
+    release_idle_s: Ranged<0, 86_400>,
+}
+impl Default for RawOom {
+    fn default() -> Self {
+        Self { quiet_period_s: d_quiet(), release_idle_s: d_release_idle() }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShutdown {
+    #[serde(default = "d_grace")]
+    grace_s: PositiveF64,
+}
+impl Default for RawShutdown {
+    fn default() -> Self {
+        Self { grace_s: d_grace() }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInput {
+    #[serde(default = "d_in_bytes")]
+    max_bytes: ByteSize,
+    #[serde(default = "d_in_side")]
+    max_side: Ranged<1, 65_535>,
+    #[serde(default = "d_in_pixels")]
+    max_pixels: Ranged<1, 1_000_000_000>,
+}
+impl Default for RawInput {
+    fn default() -> Self {
+        Self { max_bytes: d_in_bytes(), max_side: d_in_side(), max_pixels: d_in_pixels() }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDebug {
+    #[serde(default)]
+    inject_oom: Option<String>,
+}
+
+fn d_auto() -> String {
+    "auto".into()
+}
+fn d_imgsz() -> Imgsz {
+    Imgsz(640)
+}
+fn d_max_batch() -> Ranged<1, 1024> {
+    Ranged(16)
+}
+fn d_fraction() -> Fraction {
+    Fraction(0.8)
+}
+fn d_max_wait() -> Ranged<0, 60_000> {
+    Ranged(20)
+}
+fn d_conf() -> Fraction {
+    Fraction(0.25)
+}
+fn d_iou() -> Fraction {
+    Fraction(0.7)
+}
+fn d_max_det() -> Ranged<1, 30_000> {
+    Ranged(300)
+}
+fn d_prefix() -> String {
+    "yolo-edge".into()
+}
+fn d_keepalive() -> Ranged<5, 65535> {
+    Ranged(30)
+}
+fn d_qos() -> Ranged<0, 1> {
+    Ranged(1)
+}
+fn d_inflight() -> Ranged<1, 1000> {
+    Ranged(64)
+}
+fn d_backoff_min() -> Ranged<10, 600_000> {
+    Ranged(250)
+}
+fn d_backoff_max() -> Ranged<10, 3_600_000> {
+    Ranged(30_000)
+}
+fn d_settle() -> Ranged<0, 60_000> {
+    Ranged(200)
+}
+fn d_scan() -> Ranged<10, 60_000> {
+    Ranged(500)
+}
+fn d_id_level() -> Ranged<0, 64> {
+    Ranged(0)
+}
+fn d_interval() -> PositiveF64 {
+    PositiveF64(10.0)
+}
+fn d_spool_max() -> ByteSize {
+    ByteSize(256 << 20)
+}
+fn d_quiet() -> PositiveF64 {
+    PositiveF64(60.0)
+}
+fn d_release_idle() -> Ranged<0, 86_400> {
+    Ranged(30)
+}
+fn d_grace() -> PositiveF64 {
+    PositiveF64(20.0)
+}
+fn d_in_bytes() -> ByteSize {
+    ByteSize(64 << 20)
+}
+fn d_in_side() -> Ranged<1, 65_535> {
+    Ranged(16_384)
+}
+fn d_in_pixels() -> Ranged<1, 1_000_000_000> {
+    Ranged(100_000_000)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value types that validate while deserialising (so errors carry the value's span and path).
+
+/// An integer within `LO..=HI`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ranged<const LO: u64, const HI: u64>(pub u64);
+
+impl<'de, const LO: u64, const HI: u64> Deserialize<'de> for Ranged<LO, HI> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        if v < LO as i64 || v as u64 > HI {
+            return Err(serde::de::Error::custom(format!("{v} is out of range {LO}..={HI}")));
+        }
+        Ok(Self(v as u64))
+    }
+}
+
+/// A number within 0..=1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Fraction(f64);
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if !(0.0..=1.0).contains(&v) {
+            return Err(serde::de::Error::custom(format!("{v} is out of range 0..=1")));
+        }
+        Ok(Self(v))
+    }
+}
+
+/// A finite number > 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PositiveF64(f64);
+impl<'de> Deserialize<'de> for PositiveF64 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if !(v.is_finite() && v > 0.0 && v < 1e7) {
+            return Err(serde::de::Error::custom(format!("{v} must be a positive number of seconds")));
+        }
+        Ok(Self(v))
+    }
+}
+
+/// A positive multiple of 32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Imgsz(usize);
+impl<'de> Deserialize<'de> for Imgsz {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        if v <= 0 || v % 32 != 0 || v > 8192 {
+            return Err(serde::de::Error::custom(format!("{v} is not a positive multiple of 32 (<= 8192)")));
+        }
+        Ok(Self(v as usize))
+    }
+}
+
+/// One MQTT topic level: no `/`, `+`, `#`, not empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TopicLevel(String);
+impl<'de> Deserialize<'de> for TopicLevel {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = String::deserialize(d)?;
+        if !valid_level(&v) {
+            return Err(serde::de::Error::custom(format!("id `{v}` must be a non-empty topic level without '/', '+', '#' or spaces")));
+        }
+        Ok(Self(v))
+    }
+}
+
+fn valid_level(v: &str) -> bool {
+    !v.is_empty() && v.len() <= 128 && !v.chars().any(|c| matches!(c, '/' | '+' | '#') || c.is_whitespace() || c.is_control())
+}
+
+/// `batch = N` or `batch = "auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BatchSpec {
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl<'de> Deserialize<'de> for BatchSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            N(i64),
+            S(String),
+        }
+        match Either::deserialize(d)? {
+            Either::N(n) if (1..=1024).contains(&n) => Ok(Self::Fixed(n as usize)),
+            Either::S(s) if s == "auto" => Ok(Self::Auto),
+            Either::N(n) => Err(serde::de::Error::custom(format!("batch {n} is out of range 1..=1024"))),
+            Either::S(s) => Err(serde::de::Error::custom(format!("batch `{s}` must be a number or \"auto\""))),
+        }
+    }
+}
+
+/// MQTT protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    V311,
+    V5,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The typed configuration.
+
+/// A validated configuration. Relative paths are resolved against the config file's folder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub path: PathBuf,
+    /// sha256 of the file's bytes, published in `info`.
+    pub sha256: String,
+    pub device: DeviceConfig,
+    pub model: ModelConfig,
+    pub mqtt: MqttConfig,
+    pub sources: Vec<SourceConfig>,
+    pub telemetry_interval: Duration,
+    pub spool: SpoolConfig,
+    pub oom_quiet_period: Duration,
+    /// Idle time after which the inference thread returns the pool's cached memory (None: keep).
+    pub release_idle: Option<Duration>,
+    pub shutdown_grace: Duration,
+    pub input: InputLimits,
+    /// The acceleration layer's settings (`[tuning]`); applied at startup, a change needs a
+    /// restart.
+    pub tuning: Tuning,
+    pub inject_oom: Option<crate::backend::oom::OomInjector>,
+}
+
+/// Limits applied to every input before decoding (see [`crate::vision::preprocess::DecodeLimits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLimits {
+    pub max_side: u32,
+    pub max_pixels: u64,
+    pub max_bytes: u64,
+}
+
+impl InputLimits {
+    pub fn decode_limits(&self) -> crate::vision::preprocess::DecodeLimits {
+        crate::vision::preprocess::DecodeLimits { max_side: self.max_side, max_pixels: self.max_pixels, max_bytes: self.max_bytes }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceConfig {
+    pub device: String,
+    pub dtype: String,
+    pub imgsz: usize,
+    pub batch: BatchSpec,
+    pub max_batch: usize,
+    pub memory_fraction: f64,
+    pub memory_limit: Option<u64>,
+    pub max_wait: Duration,
+    pub decode_threads: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub path: PathBuf,
+    pub thresholds: Thresholds,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MqttConfig {
+    pub host: String,
+    pub port: u16,
+    pub device_id: String,
+    pub client_id: String,
+    pub prefix: String,
+    pub protocol: Protocol,
+    pub tls: Option<TlsConfig>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub keepalive: Duration,
+    pub qos: u8,
+    pub max_inflight: usize,
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+}
+
+impl MqttConfig {
+    /// `{prefix}/{device_id}/{leaf}`.
+    pub fn topic(&self, leaf: &str) -> String {
+        format!("{}/{}/{leaf}", self.prefix, self.device_id)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    /// PEM bytes of the CA bundle.
+    pub ca: Vec<u8>,
+    /// PEM bytes of the client certificate and key.
+    pub client_auth: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceConfig {
+    Folder { id: String, path: PathBuf, done_dir: PathBuf, failed_dir: PathBuf, settle: Duration, scan_interval: Duration },
+    Mqtt { id: Option<String>, topic: String, id_from_topic_level: usize },
+}
+
+impl SourceConfig {
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Folder { id, .. } => id,
+            Self::Mqtt { id, topic, .. } => id.as_deref().unwrap_or(topic),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpoolConfig {
+    pub dir: PathBuf,
+    pub max_bytes: u64,
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Validates `text` as the content of `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            let (line, column) = inner.span().map(|s| line_col(text, s.start)).unwrap_or_else(|| locate(text, &key));
+            ConfigError::Invalid { path: path.to_path_buf(), line, column, key, message: inner.message().trim().to_string() }
+        })?;
+        let invalid = |key: &str, message: String| {
+            let (line, column) = locate(text, key);
+            ConfigError::Invalid { path: path.to_path_buf(), line, column, key: key.to_string(), message }
+        };
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+
+        raw.tuning.validate().map_err(|e| invalid(&format!("tuning.{}", e.key), e.why))?;
+
+        let d = raw.device;
+        if let BatchSpec::Fixed(b) = d.batch {
+            if b as u64 > d.max_batch.0 {
+                return Err(invalid("device.batch", format!("batch {b} is above max_batch {}", d.max_batch.0)));
+            }
+        }
+        crate::backend::device::parse_dtype(&d.dtype, &candle_core::Device::Cpu).map_err(|e| invalid("device.dtype", e.to_string()))?;
+        let dev_ok = d.device == "auto" || d.device == "cpu" || d.device == "cuda" || d.device.strip_prefix("cuda:").is_some_and(|i| i.parse::<usize>().is_ok());
+        if !dev_ok {
+            return Err(invalid("device.device", format!("unknown device `{}` (expected auto, cpu or cuda:N)", d.device)));
+        }
+        let device = DeviceConfig {
+            device: d.device,
+            dtype: d.dtype,
+            imgsz: d.imgsz.0,
+            batch: d.batch,
+            max_batch: d.max_batch.0 as usize,
+            memory_fraction: d.memory_fraction.0,
+            memory_limit: d.memory_limit.map(|b| b.0),
+            max_wait: Duration::from_millis(d.max_wait_ms.0),
+            decode_threads: d.decode_threads.map(|n| n.0 as usize).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
+        };
+        if device.memory_fraction <= 0.0 {
+            return Err(invalid("device.memory_fraction", "must be above 0".into()));
+        }
+
+        let m = raw.model;
+        let model = ModelConfig {
+            path: resolve(&m.path),
+            thresholds: Thresholds { conf: m.conf.0 as f32, iou: m.iou.0 as f32, max_det: m.max_det.0 as usize },
+        };
+
+        let q = raw.mqtt;
+        if q.host.trim().is_empty() {
+            return Err(invalid("mqtt.host", "must not be empty".into()));
+        }
+        if !q.prefix.split('/').all(valid_level) {
+            return Err(invalid("mqtt.prefix", format!("`{}` is not a valid topic prefix", q.prefix)));
+        }
+        if q.password.is_some() && q.password_file.is_some() {
+            return Err(invalid("mqtt.password_file", "set either password or password_file, not both".into()));
+        }
+        if (q.password.is_some() || q.password_file.is_some()) && q.username.is_none() {
+            return Err(invalid("mqtt.username", "a password needs a username".into()));
+        }
+        if q.reconnect_min_ms.0 > q.reconnect_max_ms.0 {
+            return Err(invalid("mqtt.reconnect_min_ms", "is above reconnect_max_ms".into()));
+        }
+        let password = match (&q.password, &q.password_file) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(f)) => {
+                let f = resolve(f);
+                let p = std::fs::read_to_string(&f).map_err(|e| invalid("mqtt.password_file", format!("cannot read {}: {e}", f.display())))?;
+                Some(p.trim_end_matches(['\n', '\r']).to_string())
+            }
+            (None, None) => None,
+        };
+        let tls = match &q.tls {
+            None => None,
+            Some(t) => {
+                let read = |key: &str, p: &Path| {
+                    let p = resolve(p);
+                    std::fs::read(&p).map_err(|e| invalid(key, format!("cannot read {}: {e}", p.display())))
+                };
+                let ca = read("mqtt.tls.ca", &t.ca)?;
+                let client_auth = match (&t.client_cert, &t.client_key) {
+                    (Some(c), Some(k)) => Some((read("mqtt.tls.client_cert", c)?, read("mqtt.tls.client_key", k)?)),
+                    (None, None) => None,
+                    _ => return Err(invalid("mqtt.tls", "client_cert and client_key go together".into())),
+                };
+                Some(TlsConfig { ca, client_auth })
+            }
+        };
+        let device_id = q.device_id.0;
+        let mqtt = MqttConfig {
+            host: q.host,
+            port: q.port.map(|p| p.0 as u16).unwrap_or(if tls.is_some() { 8883 } else { 1883 }),
+            client_id: q.client_id.unwrap_or_else(|| device_id.clone()),
+            device_id,
+            prefix: q.prefix,
+            protocol: q.protocol,
+            tls,
+            username: q.username,
+            password,
+            keepalive: Duration::from_secs(q.keepalive_s.0),
+            qos: q.qos.0 as u8,
+            max_inflight: q.max_inflight.0 as usize,
+            reconnect_min: Duration::from_millis(q.reconnect_min_ms.0),
+            reconnect_max: Duration::from_millis(q.reconnect_max_ms.0),
+        };
+
+        let mut sources = Vec::new();
+        for (i, s) in raw.sources.into_iter().enumerate() {
+            let src = match s {
+                RawSource::Folder { id, path, done_dir, failed_dir, settle_ms, scan_interval_ms } => {
+                    let path = resolve(&path);
+                    SourceConfig::Folder {
+                        id: id.0,
+                        done_dir: done_dir.map(|p| resolve(&p)).unwrap_or_else(|| path.join("done")),
+                        failed_dir: failed_dir.map(|p| resolve(&p)).unwrap_or_else(|| path.join("failed")),
+                        path,
+                        settle: Duration::from_millis(settle_ms.0),
+                        scan_interval: Duration::from_millis(scan_interval_ms.0),
+                    }
+                }
+                RawSource::Mqtt { id, topic, id_from_topic_level } => {
+                    if topic.is_empty() || topic.split('/').enumerate().any(|(j, l)| l.contains('#') && (l != "#" || j != topic.split('/').count() - 1) || l.contains('+') && l != "+") {
+                        return Err(invalid(&format!("sources[{i}].topic"), format!("`{topic}` is not a valid topic filter")));
+                    }
+                    SourceConfig::Mqtt { id: id.map(|i| i.0), topic, id_from_topic_level: id_from_topic_level.0 as usize }
+                }
+            };
+            if sources.iter().any(|o: &SourceConfig| o.id() == src.id()) {
+                return Err(invalid(&format!("sources[{i}].id"), format!("duplicate source id `{}`", src.id())));
+            }
+            sources.push(src);
+        }
+        if sources.is_empty() {
+            return Err(invalid("sources", "at least one [[sources]] entry is needed".into()));
+        }
+
+        let inject_oom = match raw.debug.inject_oom.filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => Some(crate::backend::oom::OomInjector::parse(&s).map_err(|e| invalid("debug.inject_oom", e.to_string()))?),
+        };
+
+        Ok(Config {
+            path: path.to_path_buf(),
+            sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
+            device,
+            model,
+            mqtt,
+            sources,
+            telemetry_interval: Duration::from_secs_f64(raw.telemetry.interval_s.0),
+            spool: SpoolConfig { dir: resolve(&raw.spool.dir), max_bytes: raw.spool.max_bytes.0 },
+            oom_quiet_period: Duration::from_secs_f64(raw.oom.quiet_period_s.0),
+            release_idle: (raw.oom.release_idle_s.0 > 0).then(|| Duration::from_secs(raw.oom.release_idle_s.0)),
+            shutdown_grace: Duration::from_secs_f64(raw.shutdown.grace_s.0),
+            input: InputLimits {
+                max_side: raw.input.max_side.0 as u32,
+                max_pixels: raw.input.max_pixels.0,
+                max_bytes: raw.input.max_bytes.0,
+            },
+            tuning: raw.tuning,
+            inject_oom,
+        })
+    }
+
+    /// Sections that differ from `new` and cannot change without a restart.
+    pub fn restart_required(&self, new: &Config) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.device != new.device {
+            v.push("device");
+        }
+        if self.sources != new.sources {
+            v.push("sources");
+        }
+        if self.spool != new.spool {
+            v.push("spool");
+        }
+        if self.mqtt.device_id != new.mqtt.device_id || self.mqtt.prefix != new.mqtt.prefix {
+            v.push("mqtt.device_id/prefix");
+        }
+        if self.input != new.input {
+            v.push("input");
+        }
+        if self.tuning != new.tuning {
+            v.push("tuning");
+        }
+        if self.inject_oom != new.inject_oom {
+            v.push("debug");
+        }
+        v
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::V311 => "v311",
+            Protocol::V5 => "v5",
+        })
+    }
+}
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map(|i| offset - i).unwrap_or(offset + 1);
+    (line, column)
+}
+
+/// Best-effort position of a key path such as `mqtt.password_file` or `sources[1].id`.
+fn locate(text: &str, key: &str) -> (usize, usize) {
+    let parts: Vec<&str> = key.split('.').collect();
+    let (table, leaf) = match parts.as_slice() {
+        [] => return (1, 1),
+        [one] => ("", *one),
+        [rest @ .., last] => (rest[0], *last),
+    };
+    let leaf = leaf.split('[').next().unwrap_or(leaf);
+    let table = table.split('[').next().unwrap_or(table);
+    let mut in_table = table.is_empty();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim();
+        if t.starts_with('[') {
+            let name = t.trim_matches(|c| c == '[' || c == ']').trim();
+            in_table = name == table || name.starts_with(&format!("{table}."));
+            if table.is_empty() && name == leaf {
+                return line_col(text, offset + line.find('[').unwrap_or(0));
+            }
+        } else if in_table && t.split('=').next().is_some_and(|k| k.trim() == leaf) {
+            return line_col(text, offset + line.find(leaf).unwrap_or(0));
+        }
+        offset += line.len();
+    }
+    (1, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"
+[model]
+path = "m.pt"
+[mqtt]
+host = "localhost"
+device_id = "box-1"
+[spool]
+dir = "spool"
+[[sources]]
+type = "folder"
+id = "cam"
+path = "/in"
+"#;
+
+    fn err(text: &str) -> String {
+        Config::parse(text, Path::new("/etc/a.toml")).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MIN, Path::new("/etc/yolo/a.toml")).unwrap();
+        assert_eq!(c.mqtt.client_id, "box-1");
+        assert_eq!(c.mqtt.topic("status"), "yolo-edge/box-1/status");
+        assert_eq!(c.mqtt.port, 1883);
+        assert_eq!(c.spool.dir, PathBuf::from("/etc/yolo/spool"));
+        assert_eq!(c.model.thresholds, Thresholds { conf: 0.25, iou: 0.7, max_det: 300 });
+        assert!(matches!(&c.sources[0], SourceConfig::Folder { done_dir, .. } if done_dir == Path::new("/in/done")));
+        assert_eq!(c.release_idle, Some(Duration::from_secs(30)));
+        let keep = Config::parse(&format!("{MIN}\n[oom]\nrelease_idle_s = 0\n"), Path::new("/etc/yolo/a.toml")).unwrap();
+        assert_eq!(keep.release_idle, None);
+        let e = err(&format!("{MIN}\n[oom]\nrelease_idle_s = -1\n"));
+        assert!(e.contains("`oom.release_idle_s`") && e.contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let e = err(&MIN.replace("[mqtt]\n", "[mqtt]\nhots = 1\n"));
+        assert!(e.starts_with("/etc/a.toml:5:1: `mqtt"), "{e}");
+        assert!(e.contains("hots"), "{e}");
+        let e = err(&MIN.replace("path = \"m.pt\"", "path = \"m.pt\"\nconf = 1.5"));
+        assert!(e.contains(":4:") && e.contains("`model.conf`") && e.contains("out of range"), "{e}");
+        let e = err(&MIN.replace("[spool]", "[device]\nmax_wait_ms = \"x\"\n[spool]"));
+        assert!(e.contains("`device.max_wait_ms`"), "{e}");
+        let e = err(&MIN.replace("[spool]", "[device]\nbatch = 64\nmax_batch = 8\n[spool]"));
+        assert!(e.contains("`device.batch`") && e.contains(":8:"), "{e}");
+        // inside the tagged `[[sources]]` table the path ends at the entry; the message names the field
+        let e = err(&MIN.replace("id = \"cam\"", "id = \"a/b\""));
+        assert!(e.contains("`sources[0]`") && e.contains("id `a/b`"), "{e}");
+    }
+
+    #[test]
+    fn shipped_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        // the secrets they name live on the box; stand-ins here
+        let secrets = std::env::temp_dir().join(format!("yolo-edge-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&secrets).unwrap();
+        std::fs::write(secrets.join("mqtt-password"), "pw\n").unwrap();
+        std::fs::write(secrets.join("ca.pem"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let text = std::fs::read_to_string(&p).unwrap().replace("/etc/yolo-edge/", &format!("{}/", secrets.display()));
+                Config::parse(&text, &p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                n += 1;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&secrets);
+        assert!(n >= 3, "configs/ holds the example configs");
+    }
+}

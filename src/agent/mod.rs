@@ -1,0 +1,424 @@
+//! The edge agent (`yolo-edge run`): wires config, model, pipeline, sources, publisher,
+//! telemetry and config field updates together, and runs the lifecycle: until SIGTERM/SIGINT
+//! ([`run`]) or until a caller's shutdown future completes ([`run_with_shutdown`]).
+
+pub mod config;
+pub mod events;
+pub mod mqtt;
+pub mod pipeline;
+pub mod publisher;
+pub mod sources;
+pub mod spool;
+pub mod telemetry;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+use notify::Watcher;
+use tokio::sync::{mpsc, watch};
+
+use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
+use crate::detector::Detector;
+use crate::agent::events::EventSink;
+use crate::agent::pipeline::{Control, ModelMeta, Pipeline};
+use publisher::PublisherParts;
+use crate::agent::sources::{folder, mqtt as mqtt_source};
+use crate::agent::spool::{Spool, SpoolError};
+use crate::backend::devmem::{self, PeakMeter};
+use crate::planner::{self, Budget, DetectorProber, Plan, PlanError, PlannerConfig, MIB};
+use crate::detector::warmup::{self as startup, StartupTimes};
+use crate::agent::telemetry::{DeviceMemorySource, MemorySource, Stats};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Device(#[from] crate::backend::device::DeviceError),
+    #[error(transparent)]
+    Tuning(#[from] crate::backend::tuning::TuningError),
+    #[error("cannot load model {path}: {source}")]
+    Model { path: PathBuf, source: crate::model::ModelError },
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    #[error("cannot plan the batch size: {0}")]
+    Plan(#[from] PlanError),
+    #[error("first forward pass failed: {0}")]
+    Warmup(candle_core::Error),
+    #[error("cannot start the agent: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A fresh id for this boot of the agent (consumers reset `seq` expectations on change).
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid").map(|s| s.trim().to_string()).unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        format!("{:x}-{:x}", t.as_nanos(), std::process::id())
+    })
+}
+
+/// The batch the agent starts with, why, and the planner's decision when it ran.
+#[derive(Debug, Clone)]
+pub struct BatchDecision {
+    pub batch: usize,
+    pub reason: String,
+    pub plan: Option<Plan>,
+}
+
+/// Decides the startup batch: fixed by config, or (`batch = "auto"`) planned from the device's
+/// memory with the loaded model: probe, fit, choose, verify (see [`crate::planner`]).
+pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, AgentError> {
+    if let BatchSpec::Fixed(b) = cfg.device.batch {
+        return Ok(BatchDecision { batch: b, reason: format!("fixed by config (batch = {b})"), plan: None });
+    }
+    let pc = PlannerConfig {
+        memory_limit: cfg.device.memory_limit,
+        memory_fraction: cfg.device.memory_fraction,
+        max_batch: cfg.device.max_batch,
+        probe_batches: [1, 2, 4].into_iter().filter(|&b| b <= cfg.device.max_batch).collect(),
+    };
+    let meter = PeakMeter::new(det.device());
+    // the budget is what is free with the model loaded (and cached pool memory given back)
+    meter.trim().map_err(PlanError::from)?;
+    let budget = Budget::new(devmem::device_memory(det.device()).map_err(PlanError::from)?, &pc);
+    let decision = match planner::plan(&mut DetectorProber::new(det), budget, &pc) {
+        Ok(plan) => BatchDecision {
+            batch: plan.batch,
+            reason: format!(
+                "planned: batch {} of max {}; predicted peak {:.1} MiB, verified {:.1} MiB, budget {:.1} MiB",
+                plan.batch,
+                plan.max_batch,
+                plan.predicted_peak as f64 / MIB,
+                plan.verified_peak as f64 / MIB,
+                plan.budget.bytes as f64 / MIB
+            ),
+            plan: Some(plan),
+        },
+        // the device is short of memory right now: start small, the OOM fallback guards the rest
+        Err(e @ PlanError::NothingFits(_)) => {
+            tracing::warn!(error = %e, "no batch fits the memory budget; starting at batch 1");
+            BatchDecision { batch: 1, reason: format!("planner: {e}; starting at batch 1"), plan: None }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // what telemetry's high-water mark reports is the running agent, not the probes
+    let _ = meter.trim();
+    let _ = meter.reset();
+    Ok(decision)
+}
+
+fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector, AgentError> {
+    Detector::load(&cfg.model.path, device, dtype, Some(cfg.device.imgsz)).map_err(|source| AgentError::Model { path: cfg.model.path.clone(), source })
+}
+
+/// Runs the agent until SIGTERM/SIGINT; returns once everything is drained and `offline` sent.
+pub fn run(config_path: &Path) -> Result<(), AgentError> {
+    run_with_shutdown(config_path, wait_for_signal())
+}
+
+/// Runs the agent until `shutdown` completes (polled on the agent's runtime), then drains as on
+/// SIGTERM: intake stopped, in-flight pictures finished and delivered or spooled, `offline` sent.
+pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    let cfg = Arc::new(Config::load(config_path)?);
+    crate::backend::tuning::install(cfg.tuning.clone())?;
+    // before the CUDA context exists: the driver reads the JIT cache location at init
+    let compute_cache = crate::env::configure_compute_cache();
+    let device = crate::backend::device::parse_device(&cfg.device.device)?;
+    let dtype = crate::backend::device::parse_dtype(&cfg.device.dtype, &device)?;
+    let t0 = std::time::Instant::now();
+    let detector = load_detector(&cfg, &device, dtype)?;
+    let warm: Option<StartupTimes> = if device.is_cuda() {
+        // kernels compiled (or loaded from the cache) now, not on the first frame
+        let st = startup::warm_up(&detector, t0.elapsed().as_secs_f64() * 1e3).map_err(AgentError::Warmup)?;
+        tracing::info!(load_ms = st.load_ms, first_forward_ms = st.first_forward_ms, second_forward_ms = st.second_forward_ms, compute_cache = ?compute_cache, "model warm");
+        Some(st)
+    } else {
+        None
+    };
+    // the plan measures eager passes; single-frame batches replay a graph from here on
+    let decision = startup_batch(&cfg, &detector)?;
+    detector.use_graphs(true);
+    if let Some(p) = &decision.plan {
+        for r in &p.reasons {
+            tracing::info!(reason = %r, "batch plan");
+        }
+    }
+    let (batch, batch_reason) = (decision.batch, decision.reason.clone());
+    let spool = Spool::open(&cfg.spool.dir, cfg.spool.max_bytes)?;
+    if !spool.is_empty() {
+        tracing::info!(entries = spool.len(), "spool holds messages from a previous run; replaying after connect");
+    }
+    tracing::info!(model = %cfg.model.path.display(), device = %crate::backend::device::device_name(&device), dtype = crate::backend::device::dtype_name(dtype), batch, reason = %batch_reason, "agent starting");
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().thread_name("agent-io").build()?;
+    rt.block_on(run_async(cfg, device, dtype, detector, decision, warm, spool, shutdown))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_async(
+    cfg: Arc<Config>,
+    device: Device,
+    dtype: DType,
+    detector: Detector,
+    decision: BatchDecision,
+    warm: Option<StartupTimes>,
+    spool: Spool,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let stats = Arc::new(Stats::default());
+    let (batch, batch_reason) = (decision.batch, decision.reason.clone());
+    if let Some(p) = &decision.plan {
+        stats.plan_predicted_peak.store(p.predicted_peak, Relaxed);
+        stats.plan_verified_peak.store(p.verified_peak, Relaxed);
+        stats.plan_budget.store(p.budget.bytes, Relaxed);
+        // on CUDA the pool's reservation above what it holds now (the model; the plan trimmed
+        // the rest) is watched against the budget (on the CPU the resident set also holds decode
+        // buffers and queues, which the plan does not cover)
+        if device.is_cuda() {
+            let _ = stats.budget_watch.set(PeakMeter::new(&device).usage().map(|u| u.reserved).unwrap_or(0));
+        }
+    }
+    let boot = boot_id();
+    let (events, events_rx) = EventSink::new(1024, stats.clone());
+    let (cfg_tx, cfg_rx) = watch::channel(cfg.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let depth = (cfg.device.max_batch * 2).max(8);
+    let (intake_tx, intake_rx) = mpsc::channel(depth);
+    let (results_tx, results_rx) = mpsc::channel(depth + 8);
+    let (images_tx, images_rx) = mpsc::channel(64);
+
+    let pipeline = Pipeline::start(detector, batch, cfg_rx.clone(), intake_rx, results_tx, events.clone(), stats.clone())?;
+    let model_meta = pipeline.model.clone();
+    let control = pipeline.control.clone();
+
+    let memory: Arc<dyn MemorySource> = Arc::new(DeviceMemorySource::new(&device));
+    let info = {
+        let model_meta = model_meta.clone();
+        let cfg_rx = cfg_rx.clone();
+        let stats = stats.clone();
+        let boot = boot.clone();
+        let dev_name = crate::backend::device::device_name(&device);
+        let started = publisher::now_ts();
+        Box::new(move || {
+            let c = cfg_rx.borrow().clone();
+            let m: ModelMeta = model_meta.read().map(|m| m.clone()).unwrap_or_else(|e| e.into_inner().clone());
+            serde_json::json!({
+                "v": 1,
+                "device_id": c.mqtt.device_id,
+                "boot_id": boot,
+                "version": env!("CARGO_PKG_VERSION"),
+                "started": started,
+                "model": {"variant": m.variant, "classes": m.names, "nc": m.nc, "sha256": m.sha256, "path": m.path, "label": m.label},
+                "device": dev_name,
+                "dtype": crate::backend::device::dtype_name(dtype),
+                "imgsz": c.device.imgsz,
+                "batch_plan": {
+                    "startup": stats.batch_startup.load(Relaxed), "current": stats.batch_current.load(Relaxed),
+                    "max_batch": c.device.max_batch, "reason": batch_reason,
+                    "memory_fraction": c.device.memory_fraction, "memory_limit": c.device.memory_limit,
+                    "plan": decision.plan,
+                },
+                "startup": warm,
+                "config_sha256": c.sha256,
+                "sources": c.sources.iter().map(|s| s.id().to_string()).collect::<Vec<_>>(),
+                "protocol": c.mqtt.protocol,
+            })
+        })
+    };
+
+    // sources
+    let mut source_tasks = Vec::new();
+    let mut mqtt_sources = Vec::new();
+    for s in &cfg.sources {
+        match s.clone() {
+            SourceConfig::Folder { id, path, done_dir, failed_dir, settle, scan_interval } => {
+                let src = folder::FolderSource { id, path, done_dir, failed_dir, settle, scan_interval };
+                source_tasks.push(tokio::spawn(folder::run(src, intake_tx.clone(), stop_rx.clone(), events.clone())));
+            }
+            SourceConfig::Mqtt { id, topic, id_from_topic_level } => {
+                mqtt_sources.push(mqtt_source::MqttSource { id, filter: topic, id_level: id_from_topic_level })
+            }
+        }
+    }
+    let image_filters: Vec<String> = mqtt_sources.iter().map(|s| s.filter.clone()).collect();
+    if !mqtt_sources.is_empty() {
+        source_tasks.push(tokio::spawn(mqtt_source::run(mqtt_sources, images_rx, intake_tx.clone(), stop_rx.clone(), events.clone(), stats.clone())));
+    }
+    drop(intake_tx);
+
+    let publisher_task = tokio::spawn(publisher::run(PublisherParts {
+        cfg: cfg_rx.clone(),
+        results: results_rx,
+        events_rx,
+        events: events.clone(),
+        stats: stats.clone(),
+        spool,
+        boot_id: boot.clone(),
+        info,
+        memory,
+        images: images_tx,
+        image_filters,
+        shutdown: stop_rx.clone(),
+    }));
+
+    let reload_task = tokio::spawn(watch_config(cfg_tx, control, device.clone(), dtype, events.clone(), stats.clone(), stop_rx.clone()));
+
+    shutdown.await;
+    let grace = cfg_rx.borrow().shutdown_grace;
+    tracing::info!(grace_s = grace.as_secs_f64(), "shutting down: intake stopped, draining");
+    let _ = stop_tx.send(true);
+    for t in source_tasks {
+        let _ = t.await;
+    }
+    // the pipeline ends when the intake is drained; the publisher after the last outcome
+    let drained = tokio::time::timeout(grace + Duration::from_secs(5), publisher_task).await;
+    if drained.is_err() {
+        tracing::error!("publisher did not finish within the grace period");
+    }
+    reload_task.abort();
+    let joined = tokio::time::timeout(Duration::from_secs(2), tokio::task::spawn_blocking(move || pipeline.join())).await;
+    if joined.is_err() {
+        tracing::warn!("pipeline threads still busy at exit");
+    }
+    tracing::info!(frames_ok = stats.frames_ok.load(Relaxed), frames_failed = stats.frames_failed.load(Relaxed), "agent stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = int.recv() => tracing::info!("SIGINT"),
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Watches the config file; applies valid changes live, rejects invalid ones with an event.
+async fn watch_config(
+    cfg_tx: watch::Sender<Arc<Config>>,
+    control: std::sync::mpsc::SyncSender<Control>,
+    device: Device,
+    dtype: DType,
+    events: EventSink,
+    stats: Arc<Stats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let path = cfg_tx.borrow().path.clone();
+    let dir = path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
+    let name = path.file_name().map(|n| n.to_os_string());
+    let (tx, mut rx) = mpsc::channel::<()>(1);
+    let watcher = notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
+        if let Ok(ev) = r {
+            if ev.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
+                let _ = tx.try_send(());
+            }
+        }
+    })
+    .and_then(|mut w| w.watch(&dir, notify::RecursiveMode::NonRecursive).map(|_| w));
+    let _watcher = match watcher {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("cannot watch {}: {e}; config field updates disabled", path.display());
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            r = rx.recv() => if r.is_none() { return },
+            _ = stop.changed() => return,
+        }
+        // editors write in several steps: let the file settle
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        while rx.try_recv().is_ok() {}
+        let old = cfg_tx.borrow().clone();
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("config file unreadable ({e}); keeping the running config");
+                continue;
+            }
+        };
+        let new = match std::str::from_utf8(&text).map_err(|e| e.to_string()).and_then(|t| Config::parse(t, &path).map_err(|e| e.to_string())) {
+            Ok(c) => c,
+            Err(e) => {
+                stats.config_rejected.fetch_add(1, Relaxed);
+                events.emit("config_rejected", serde_json::json!({"path": path, "error": e, "running_sha256": old.sha256}));
+                continue;
+            }
+        };
+        if new.sha256 == old.sha256 {
+            continue;
+        }
+        let restart = old.restart_required(&new);
+        let mut applied = new.clone();
+        applied.device = old.device.clone();
+        applied.sources = old.sources.clone();
+        applied.spool = old.spool.clone();
+        applied.input = old.input;
+        applied.inject_oom = old.inject_oom;
+        applied.mqtt.device_id = old.mqtt.device_id.clone();
+        applied.mqtt.prefix = old.mqtt.prefix.clone();
+        if applied.model.path != old.model.path {
+            let (c, d) = (applied.clone(), device.clone());
+            let loaded = tokio::task::spawn_blocking(move || load_detector(&c, &d, dtype)).await;
+            match loaded {
+                Ok(Ok(det)) => {
+                    det.use_graphs(true);
+                    let control = control.clone();
+                    let sent = tokio::task::spawn_blocking(move || control.send(Control::SwapModel(Box::new(det)))).await;
+                    if !matches!(sent, Ok(Ok(()))) {
+                        tracing::warn!("inference worker gone; model not swapped");
+                        continue;
+                    }
+                }
+                Ok(Err(e)) => {
+                    stats.config_rejected.fetch_add(1, Relaxed);
+                    events.emit("config_rejected", serde_json::json!({"path": path, "error": e.to_string(), "running_sha256": old.sha256}));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!("model loader failed: {e}");
+                    continue;
+                }
+            }
+        }
+        let changed = changed_sections(&old, &applied);
+        stats.config_applied.fetch_add(1, Relaxed);
+        let sha = applied.sha256.clone();
+        cfg_tx.send_replace(Arc::new(applied));
+        events.emit("config_applied", serde_json::json!({"path": path, "sha256": sha, "changed": changed, "restart_required": restart}));
+    }
+}
+
+fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if a.model.thresholds != b.model.thresholds {
+        v.push("model.thresholds");
+    }
+    if a.model.path != b.model.path {
+        v.push("model.path");
+    }
+    if a.mqtt != b.mqtt {
+        v.push("mqtt");
+    }
+    if a.telemetry_interval != b.telemetry_interval {
+        v.push("telemetry");
+    }
+    if a.oom_quiet_period != b.oom_quiet_period || a.release_idle != b.release_idle {
+        v.push("oom");
+    }
+    if a.shutdown_grace != b.shutdown_grace {
+        v.push("shutdown");
+    }
+    v
+}

@@ -1,0 +1,191 @@
+//! MQTT connection (rumqttc, protocol 3.1.1 or 5, TLS via rustls, username/password, Last Will):
+//! one connection attempt per [`connect`], whose event loop runs in its own task and reports
+//! normalised [`ConnEvent`]s (publish packet ids, acknowledgements, refusals, incoming images).
+
+use rumqttc::{Outgoing, QoS, TlsConfiguration, Transport};
+use tokio::sync::mpsc;
+
+use crate::agent::config::{MqttConfig, Protocol};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MqttError {
+    #[error("MQTT client request queue is full")]
+    QueueFull,
+    #[error("MQTT client is closed: {0}")]
+    Closed(String),
+}
+
+/// What a connection reports; `gen` tells connections apart across reconnects.
+#[derive(Debug)]
+pub enum ConnEvent {
+    /// CONNACK accepted.
+    Connected,
+    /// CONNACK refused (bad credentials, not authorised, ...).
+    Refused { reason: String, auth: bool },
+    /// The connection ended (network error, broker gone, TLS failure).
+    Disconnected(String),
+    /// A publish request was written with this packet id (0 for QoS 0), in request order.
+    Sent(u16),
+    /// The broker acknowledged the QoS 1 publish with this packet id; `error` is set when an
+    /// MQTT 5 broker refused it (reason code >= 0x80).
+    Acked { pkid: u16, error: Option<String> },
+    /// A message on a subscribed topic.
+    Message { topic: String, payload: Vec<u8>, properties: Vec<(String, String)> },
+}
+
+/// A connection's request side.
+#[derive(Clone)]
+pub enum Client {
+    V4(rumqttc::AsyncClient),
+    V5(rumqttc::v5::AsyncClient),
+}
+
+fn qos(q: u8) -> QoS {
+    if q == 0 {
+        QoS::AtMostOnce
+    } else {
+        QoS::AtLeastOnce
+    }
+}
+
+fn qos5(q: u8) -> rumqttc::v5::mqttbytes::QoS {
+    if q == 0 {
+        rumqttc::v5::mqttbytes::QoS::AtMostOnce
+    } else {
+        rumqttc::v5::mqttbytes::QoS::AtLeastOnce
+    }
+}
+
+impl Client {
+    pub fn try_publish(&self, topic: &str, q: u8, retain: bool, payload: Vec<u8>) -> Result<(), MqttError> {
+        let r = match self {
+            Client::V4(c) => c.try_publish(topic, qos(q), retain, payload).map_err(|e| e.to_string()),
+            Client::V5(c) => c.try_publish(topic, qos5(q), retain, payload).map_err(|e| e.to_string()),
+        };
+        r.map_err(|e| if e.contains("full") || e.contains("Full") { MqttError::QueueFull } else { MqttError::Closed(e) })
+    }
+
+    pub fn try_subscribe(&self, filter: &str) -> Result<(), MqttError> {
+        match self {
+            Client::V4(c) => c.try_subscribe(filter, QoS::AtLeastOnce).map_err(|e| MqttError::Closed(e.to_string())),
+            Client::V5(c) => c.try_subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce).map_err(|e| MqttError::Closed(e.to_string())),
+        }
+    }
+
+    pub fn try_disconnect(&self) {
+        let _ = match self {
+            Client::V4(c) => c.try_disconnect().map_err(|e| e.to_string()),
+            Client::V5(c) => c.try_disconnect().map_err(|e| e.to_string()),
+        };
+    }
+}
+
+fn transport(cfg: &MqttConfig) -> Transport {
+    match &cfg.tls {
+        None => Transport::Tcp,
+        Some(t) => Transport::tls_with_config(TlsConfiguration::Simple { ca: t.ca.clone(), alpn: None, client_auth: t.client_auth.clone() }),
+    }
+}
+
+/// Starts one connection attempt: the returned client queues requests (`cap` deep); the event
+/// loop runs in a task until the connection ends, sending `(gen, event)` to `events`.
+pub fn connect(cfg: &MqttConfig, cap: usize, gen: u64, events: mpsc::Sender<(u64, ConnEvent)>) -> Client {
+    let status = cfg.topic("status");
+    let inflight = cfg.max_inflight.clamp(1, u16::MAX as usize - 1) as u16;
+    match cfg.protocol {
+        Protocol::V311 => {
+            let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
+            o.set_keep_alive(cfg.keepalive)
+                .set_clean_session(true)
+                .set_inflight(inflight)
+                .set_max_packet_size(256 << 20, 256 << 20)
+                .set_last_will(rumqttc::LastWill::new(status, "offline", QoS::AtLeastOnce, true))
+                .set_transport(transport(cfg));
+            if let Some(u) = &cfg.username {
+                o.set_credentials(u, cfg.password.clone().unwrap_or_default());
+            }
+            let (client, el) = rumqttc::AsyncClient::new(o, cap);
+            tokio::spawn(run_v4(el, gen, events));
+            Client::V4(client)
+        }
+        Protocol::V5 => {
+            use rumqttc::v5::mqttbytes::v5::LastWill;
+            let mut o = rumqttc::v5::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
+            o.set_keep_alive(cfg.keepalive)
+                .set_clean_start(true)
+                .set_outgoing_inflight_upper_limit(inflight)
+                .set_max_packet_size(Some(256 << 20))
+                .set_last_will(LastWill::new(status, "offline", rumqttc::v5::mqttbytes::QoS::AtLeastOnce, true, None))
+                .set_transport(transport(cfg));
+            if let Some(u) = &cfg.username {
+                o.set_credentials(u, cfg.password.clone().unwrap_or_default());
+            }
+            let (client, el) = rumqttc::v5::AsyncClient::new(o, cap);
+            tokio::spawn(run_v5(el, gen, events));
+            Client::V5(client)
+        }
+    }
+}
+
+async fn run_v4(mut el: rumqttc::EventLoop, gen: u64, tx: mpsc::Sender<(u64, ConnEvent)>) {
+    use rumqttc::{ConnectReturnCode as C, ConnectionError as E, Event, Packet};
+    loop {
+        let ev = match el.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => ConnEvent::Connected,
+            Ok(Event::Incoming(Packet::PubAck(a))) => ConnEvent::Acked { pkid: a.pkid, error: None },
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                ConnEvent::Message { topic: p.topic, payload: p.payload.to_vec(), properties: vec![] }
+            }
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => ConnEvent::Sent(pkid),
+            Ok(_) => continue,
+            Err(E::ConnectionRefused(code)) => {
+                let auth = matches!(code, C::BadUserNamePassword | C::NotAuthorized);
+                let _ = tx.send((gen, ConnEvent::Refused { reason: format!("{code:?}"), auth })).await;
+                return;
+            }
+            Err(e) => {
+                let _ = tx.send((gen, ConnEvent::Disconnected(e.to_string()))).await;
+                return;
+            }
+        };
+        if tx.send((gen, ev)).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn run_v5(mut el: rumqttc::v5::EventLoop, gen: u64, tx: mpsc::Sender<(u64, ConnEvent)>) {
+    use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode as C, Packet, PubAckReason};
+    use rumqttc::v5::{ConnectionError as E, Event};
+    loop {
+        let ev = match el.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => ConnEvent::Connected,
+            Ok(Event::Incoming(Packet::PubAck(a))) => {
+                let error = match a.reason {
+                    PubAckReason::Success | PubAckReason::NoMatchingSubscribers => None,
+                    r => Some(format!("{r:?}")),
+                };
+                ConnEvent::Acked { pkid: a.pkid, error }
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) => ConnEvent::Message {
+                topic: String::from_utf8_lossy(&p.topic).into_owned(),
+                payload: p.payload.to_vec(),
+                properties: p.properties.map(|pr| pr.user_properties).unwrap_or_default(),
+            },
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => ConnEvent::Sent(pkid),
+            Ok(_) => continue,
+            Err(E::ConnectionRefused(code)) => {
+                let auth = matches!(code, C::BadUserNamePassword | C::NotAuthorized | C::BadAuthenticationMethod | C::Banned);
+                let _ = tx.send((gen, ConnEvent::Refused { reason: format!("{code:?}"), auth })).await;
+                return;
+            }
+            Err(e) => {
+                let _ = tx.send((gen, ConnEvent::Disconnected(e.to_string()))).await;
+                return;
+            }
+        };
+        if tx.send((gen, ev)).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! The processing pipeline: intake -> decode/letterbox pool (bounded, order-preserving) ->
+//! batcher (current batch or `max_wait`) -> one inference thread owning the detector (runtime
+//! OOM fallback: split, lower, probe back up) -> ordered outcomes for the publisher.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::agent::config::Config;
+use crate::detector::Detector;
+use crate::agent::events::EventSink;
+use crate::backend::oom::{is_oom, OomInjector};
+use crate::vision::postprocess::Detection;
+use crate::vision::preprocess::{self, DecodeLimits, Letterboxed};
+use crate::agent::telemetry::{Stage, Stats};
+
+/// Where a picture came from: a file path or an id (MQTT).
+#[derive(Debug, Clone)]
+pub enum ImageRef {
+    Path(PathBuf),
+    Id(String),
+}
+
+/// The bytes of a picture: read from disk by the decode pool, or carried in the message.
+#[derive(Debug)]
+pub enum JobData {
+    File(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// What to do with the input once its outcome is safely delivered (acknowledged or spooled).
+#[derive(Debug, Clone)]
+pub enum Completion {
+    None,
+    File { path: PathBuf, done_dir: PathBuf, failed_dir: PathBuf },
+}
+
+impl Completion {
+    /// Moves a processed file into `done/`.
+    pub fn done(&self) -> std::io::Result<()> {
+        match self {
+            Completion::None => Ok(()),
+            Completion::File { path, done_dir, .. } => move_into(path, done_dir).map(|_| ()),
+        }
+    }
+
+    /// Moves a rejected file into `failed/`, with `<name>.reason.txt` beside it.
+    pub fn failed(&self, reason: &str) -> std::io::Result<()> {
+        match self {
+            Completion::None => Ok(()),
+            Completion::File { path, failed_dir, .. } => {
+                let dest = move_into(path, failed_dir)?;
+                let mut name = dest.file_name().unwrap_or_default().to_os_string();
+                name.push(".reason.txt");
+                std::fs::write(dest.with_file_name(name), format!("{reason}\n"))
+            }
+        }
+    }
+}
+
+/// Renames `path` into `dir` (created if needed), never overwriting: a taken name gets `.N`.
+fn move_into(path: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("no file name"))?;
+    let mut dest = dir.join(name);
+    let mut n = 1;
+    while dest.exists() {
+        let mut alt = name.to_os_string();
+        alt.push(format!(".{n}"));
+        dest = dir.join(alt);
+        n += 1;
+    }
+    std::fs::rename(path, &dest)?;
+    Ok(dest)
+}
+
+/// One picture to process.
+#[derive(Debug)]
+pub struct Job {
+    pub source: Arc<str>,
+    pub image: ImageRef,
+    pub data: JobData,
+    pub completion: Completion,
+}
+
+/// The model as named in messages, swapped with the detector.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelMeta {
+    pub variant: String,
+    pub nc: usize,
+    pub names: Vec<String>,
+    pub sha256: String,
+    pub path: String,
+    /// `variant:sha256[..12]`, the `model` field of detection messages.
+    pub label: String,
+}
+
+impl ModelMeta {
+    pub fn of(d: &Detector) -> Self {
+        let i = d.info();
+        let variant = i.variant.name().to_string();
+        let label = format!("{variant}:{}", &i.sha256[..i.sha256.len().min(12)]);
+        Self { variant, nc: i.nc, names: i.names.clone(), sha256: i.sha256.clone(), path: i.path.clone(), label }
+    }
+}
+
+/// The result for one picture, in intake order per source.
+#[derive(Debug)]
+pub enum Outcome {
+    Detected {
+        job: Job,
+        w: u32,
+        h: u32,
+        batch_size: usize,
+        decode_ms: f64,
+        infer_ms: f64,
+        detections: Vec<Detection>,
+        model: Arc<str>,
+    },
+    Failed {
+        job: Job,
+        stage: &'static str,
+        reason: String,
+    },
+}
+
+/// Requests to the inference thread, applied between batches.
+pub enum Control {
+    SwapModel(Box<Detector>),
+}
+
+struct Decoded {
+    job: Job,
+    result: Result<Letterboxed, String>,
+    ms: f64,
+}
+
+/// Handles of the running pipeline threads.
+pub struct Pipeline {
+    pub control: SyncSender<Control>,
+    pub model: Arc<RwLock<ModelMeta>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pipeline {
+    /// Starts the pipeline. It ends by itself once `intake` is closed and drained, after the
+    /// last outcome has been sent on `results`.
+    pub fn start(
+        detector: Detector,
+        startup_batch: usize,
+        cfg: watch::Receiver<Arc<Config>>,
+        intake: mpsc::Receiver<Job>,
+        results: mpsc::Sender<Outcome>,
+        events: EventSink,
+        stats: Arc<Stats>,
+    ) -> std::io::Result<Self> {
+        let c = cfg.borrow().clone();
+        let threads_n = c.device.decode_threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads_n)
+            .thread_name(|i| format!("decode-{i}"))
+            .build()
+            .map_err(std::io::Error::other)?;
+        let queue = (2 * c.device.max_batch).max(threads_n * 2).max(8);
+        let (ordered_tx, ordered_rx) = sync_channel::<Receiver<Decoded>>(queue);
+        let (batch_tx, batch_rx) = sync_channel::<Vec<Decoded>>(1);
+        let (control_tx, control_rx) = sync_channel::<Control>(2);
+        let model = Arc::new(RwLock::new(ModelMeta::of(&detector)));
+        stats.batch_current.store(startup_batch as u64, Relaxed);
+        stats.batch_startup.store(startup_batch as u64, Relaxed);
+        let limits = c.input.decode_limits();
+        let imgsz = c.device.imgsz as u32;
+        let mut threads = Vec::new();
+
+        let st = stats.clone();
+        threads.push(std::thread::Builder::new().name("dispatch".into()).spawn(move || dispatch(intake, pool, ordered_tx, limits, imgsz, st))?);
+        let st = stats.clone();
+        let max_wait = c.device.max_wait;
+        threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || batcher(ordered_rx, batch_tx, max_wait, st))?);
+        let worker = Worker {
+            detector,
+            model: model.clone(),
+            cfg,
+            startup: startup_batch,
+            current: startup_batch,
+            last_change: Instant::now(),
+            last_oom: None,
+            last_work: Instant::now(),
+            released: false,
+            frames_done: 0,
+            injector: c.inject_oom,
+            events,
+            stats,
+        };
+        threads.push(std::thread::Builder::new().name("inference".into()).spawn(move || worker.run(batch_rx, control_rx, results))?);
+        Ok(Self { control: control_tx, model, threads })
+    }
+
+    /// Waits for the pipeline threads (after the intake closed).
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32) -> Result<Letterboxed, String> {
+    let img = match &job.data {
+        JobData::Bytes(b) => preprocess::decode_image(b, limits),
+        JobData::File(p) => {
+            let len = std::fs::metadata(p).map_err(|e| format!("cannot read: {e}"))?.len();
+            if len > limits.max_bytes {
+                return Err(preprocess::ImageError::TooLarge { size: len, limit: limits.max_bytes }.to_string());
+            }
+            preprocess::load_image(p, limits)
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(preprocess::letterbox(&img, imgsz))
+}
+
+fn dispatch(
+    mut intake: mpsc::Receiver<Job>,
+    pool: rayon::ThreadPool,
+    ordered: SyncSender<Receiver<Decoded>>,
+    limits: DecodeLimits,
+    imgsz: u32,
+    stats: Arc<Stats>,
+) {
+    while let Some(job) = intake.blocking_recv() {
+        stats.frames_in.fetch_add(1, Relaxed);
+        stats.q_intake.store(intake.len() as u64, Relaxed);
+        let (tx, rx) = sync_channel(1);
+        pool.spawn(move || {
+            let t = Instant::now();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&job, &limits, imgsz)))
+                .unwrap_or_else(|_| Err("decoder panicked on this input".to_string()));
+            let _ = tx.send(Decoded { job, result, ms: t.elapsed().as_secs_f64() * 1e3 });
+        });
+        stats.q_decoded.fetch_add(1, Relaxed);
+        if ordered.send(rx).is_err() {
+            return;
+        }
+    }
+}
+
+fn batcher(ordered: Receiver<Receiver<Decoded>>, out: SyncSender<Vec<Decoded>>, max_wait: Duration, stats: Arc<Stats>) {
+    let take = |rx: Receiver<Decoded>| {
+        stats.q_decoded.fetch_sub(1, Relaxed);
+        // The decode task always answers (panics are caught), so this only fails if the pool died.
+        rx.recv().ok()
+    };
+    while let Ok(first) = ordered.recv() {
+        let mut items: Vec<Decoded> = take(first).into_iter().collect();
+        let target = stats.batch_current.load(Relaxed).max(1) as usize;
+        let deadline = Instant::now() + max_wait;
+        while items.iter().filter(|d| d.result.is_ok()).count() < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let next = if left.is_zero() { ordered.try_recv().map_err(|_| RecvTimeoutError::Timeout) } else { ordered.recv_timeout(left) };
+            match next {
+                Ok(rx) => items.extend(take(rx)),
+                Err(_) => break,
+            }
+        }
+        if !items.is_empty() && out.send(items).is_err() {
+            return;
+        }
+    }
+}
+
+struct Worker {
+    detector: Detector,
+    model: Arc<RwLock<ModelMeta>>,
+    cfg: watch::Receiver<Arc<Config>>,
+    startup: usize,
+    current: usize,
+    last_change: Instant,
+    last_oom: Option<Instant>,
+    /// When the last batch ran, and whether the pool was given back since.
+    last_work: Instant,
+    released: bool,
+    frames_done: u64,
+    injector: Option<OomInjector>,
+    events: EventSink,
+    stats: Arc<Stats>,
+}
+
+type FrameResult = Result<(Vec<Detection>, usize, f64), String>;
+
+impl Worker {
+    fn run(mut self, batches: Receiver<Vec<Decoded>>, control: Receiver<Control>, results: mpsc::Sender<Outcome>) {
+        loop {
+            while let Ok(Control::SwapModel(d)) = control.try_recv() {
+                self.swap(*d);
+            }
+            self.maybe_probe_up();
+            let items = match batches.recv_timeout(Duration::from_millis(100)) {
+                Ok(i) => i,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.maybe_release_idle();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let frames: Vec<&Letterboxed> = items.iter().filter_map(|d| d.result.as_ref().ok()).collect();
+            let mut out: VecDeque<FrameResult> = VecDeque::with_capacity(frames.len());
+            if !frames.is_empty() {
+                self.last_work = Instant::now();
+                self.released = false;
+                self.stats.batches.fetch_add(1, Relaxed);
+                self.infer(&frames, &mut out);
+            }
+            let label: Arc<str> = self.model.read().map(|m| Arc::from(m.label.as_str())).unwrap_or_else(|_| Arc::from("unknown"));
+            for d in items {
+                self.stats.record(Stage::Decode, d.ms);
+                let outcome = match d.result {
+                    Err(reason) => Outcome::Failed { job: d.job, stage: "decode", reason },
+                    Ok(lb) => match out.pop_front() {
+                        Some(Ok((detections, batch_size, infer_ms))) => Outcome::Detected {
+                            job: d.job,
+                            w: lb.geometry.orig_w,
+                            h: lb.geometry.orig_h,
+                            batch_size,
+                            decode_ms: d.ms,
+                            infer_ms,
+                            detections,
+                            model: label.clone(),
+                        },
+                        Some(Err(reason)) => Outcome::Failed { job: d.job, stage: "infer", reason },
+                        None => Outcome::Failed { job: d.job, stage: "infer", reason: "no result".into() },
+                    },
+                };
+                self.stats.q_results.fetch_add(1, Relaxed);
+                if results.blocking_send(outcome).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Runs `frames`, splitting in halves on OOM (same frames, same order) down to one.
+    fn infer(&mut self, frames: &[&Letterboxed], out: &mut VecDeque<FrameResult>) {
+        let n = frames.len();
+        let th = self.cfg.borrow().model.thresholds;
+        let t = Instant::now();
+        let r = match self.injector.and_then(|i| i.check(n, self.frames_done)) {
+            Some(e) => Err(e),
+            None => self.detector.detect(frames, &th),
+        };
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        match r {
+            Ok(dets) if dets.len() == n => {
+                self.frames_done += n as u64;
+                self.stats.record(Stage::Infer, ms);
+                out.extend(dets.into_iter().map(|d| Ok((d, n, ms))));
+            }
+            Ok(dets) => out.extend((0..n).map(|_| Err(format!("model returned {} results for {n} pictures", dets.len())))),
+            Err(e) if is_oom(&e) => {
+                self.stats.oom_fallbacks.fetch_add(1, Relaxed);
+                let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+                self.stats.last_oom_unix_ms.store(now_ms, Relaxed);
+                self.last_oom = Some(Instant::now());
+                let err = e.to_string().lines().next().unwrap_or_default().to_string();
+                // give the pool's cached, unused memory back before retrying smaller
+                if let Err(te) = crate::backend::devmem::PeakMeter::new(self.detector.device()).trim() {
+                    tracing::warn!(error = %te, "could not trim the memory pool after out-of-memory");
+                }
+                if n == 1 {
+                    self.events.emit("oom_fallback", serde_json::json!({"batch": 1, "action": "frame_failed", "error": err}));
+                    out.push_back(Err(format!("out of memory at batch 1: {err}")));
+                    return;
+                }
+                let half = n / 2;
+                let old = self.current;
+                // the larger half (ceil), so that doubling back up reaches an odd startup batch
+                // (75 -> 38 -> 76, capped at 75) instead of stopping one short (75 -> 37 -> 74)
+                self.set_batch(self.current.min(n - half).max(1));
+                self.events.emit("oom_fallback", serde_json::json!({
+                    "batch": n, "retry_as": [n - half, half], "batch_before": old, "batch_after": self.current, "error": err,
+                }));
+                let (a, b) = frames.split_at(n - half);
+                self.infer(a, out);
+                self.infer(b, out);
+            }
+            Err(e) => {
+                let msg = e.to_string().lines().next().unwrap_or_default().to_string();
+                out.extend((0..n).map(|_| Err(msg.clone())));
+            }
+        }
+    }
+
+    fn set_batch(&mut self, b: usize) {
+        if b != self.current {
+            self.events.emit("batch_change", serde_json::json!({"from": self.current, "to": b, "startup": self.startup,
+                "reason": if b < self.current { "oom" } else { "probe" }}));
+            self.current = b;
+            self.last_change = Instant::now();
+            self.stats.batch_current.store(b as u64, Relaxed);
+        }
+    }
+
+    /// After a quiet period without OOM, one step back up (doubling, capped at the startup batch).
+    /// After `oom.release_idle_s` without work, gives the pool's cached memory back to the device
+    /// (other services on a shared GPU can use it; the next batch allocates it again).
+    fn maybe_release_idle(&mut self) {
+        let Some(idle) = self.cfg.borrow().release_idle else { return };
+        if self.released || self.last_work.elapsed() < idle || !self.detector.device().is_cuda() {
+            return;
+        }
+        self.released = true;
+        let meter = crate::backend::devmem::PeakMeter::new(self.detector.device());
+        let before = meter.usage().map(|u| u.reserved).ok();
+        match meter.trim() {
+            Ok(()) => {
+                let after = meter.usage().map(|u| u.reserved).ok();
+                self.events.emit("memory_released", serde_json::json!({"idle_s": idle.as_secs_f64(), "reserved_before": before, "reserved_after": after}));
+            }
+            Err(e) => tracing::warn!(error = %e, "could not release idle pool memory"),
+        }
+    }
+
+    fn maybe_probe_up(&mut self) {
+        if self.current >= self.startup {
+            return;
+        }
+        let quiet = self.cfg.borrow().oom_quiet_period;
+        let calm = self.last_oom.is_none_or(|t| t.elapsed() >= quiet) && self.last_change.elapsed() >= quiet;
+        if calm {
+            self.set_batch((self.current * 2).min(self.startup));
+        }
+    }
+
+    fn swap(&mut self, d: Detector) {
+        let meta = ModelMeta::of(&d);
+        let old = std::mem::replace(&mut self.detector, d);
+        let old_meta = ModelMeta::of(&old);
+        drop(old);
+        if let Ok(mut m) = self.model.write() {
+            *m = meta.clone();
+        }
+        self.stats.model_reloads.fetch_add(1, Relaxed);
+        self.events.emit("model_reloaded", serde_json::json!({"from": old_meta.label, "to": meta.label, "path": meta.path, "sha256": meta.sha256}));
+    }
+}

@@ -1,0 +1,591 @@
+//! The publisher: owns the MQTT connection and the spool. Detections go out live with QoS 1
+//! while connected (a file moves to done/ when its PUBACK arrives), or to the spool while the
+//! broker is away (the file moves once the spool entry is fsynced); the spool is replayed in
+//! order after reconnect. Also publishes status (birth/LWT), info, events and telemetry.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::agent::config::Config;
+use crate::agent::events::{AgentEvent, EventSink};
+use crate::agent::mqtt::{self, Client, ConnEvent};
+use crate::agent::pipeline::{Completion, ImageRef, Outcome};
+use crate::agent::sources::mqtt::Incoming;
+use crate::agent::spool::Spool;
+use crate::agent::telemetry::{self, FpsMeter, MemorySource, Stage, Stats};
+
+/// Most events kept while the broker is away (the oldest are dropped, counted, and logged).
+const MAX_PENDING_EVENTS: usize = 1000;
+
+/// RFC 3339 UTC timestamp with milliseconds.
+pub fn now_ts() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Detection,
+    Event,
+    Other,
+}
+
+#[derive(Debug)]
+enum Origin {
+    Live(Completion),
+    Spool(u64),
+    None,
+}
+
+#[derive(Debug)]
+struct Msg {
+    topic: String,
+    payload: Vec<u8>,
+    retain: bool,
+    qos: u8,
+    kind: Kind,
+    origin: Origin,
+}
+
+struct InFlight {
+    msg: Msg,
+    pkid: Option<u16>,
+    sent: Instant,
+}
+
+/// Everything the publisher needs from the agent.
+pub struct PublisherParts {
+    pub cfg: watch::Receiver<Arc<Config>>,
+    pub results: mpsc::Receiver<Outcome>,
+    pub events_rx: mpsc::Receiver<AgentEvent>,
+    pub events: EventSink,
+    pub stats: Arc<Stats>,
+    pub spool: Spool,
+    pub boot_id: String,
+    pub info: Box<dyn Fn() -> serde_json::Value + Send>,
+    pub memory: Arc<dyn MemorySource>,
+    pub images: mpsc::Sender<Incoming>,
+    pub image_filters: Vec<String>,
+    /// Turns true on SIGTERM/SIGINT: from then on, `grace` bounds the drain.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+struct Publisher {
+    p: PublisherParts,
+    cfg: Arc<Config>,
+    gen: u64,
+    client: Option<Client>,
+    connected: bool,
+    ever_connected: bool,
+    backoff: Duration,
+    reconnect_at: Option<tokio::time::Instant>,
+    window: VecDeque<InFlight>,
+    resend: VecDeque<Msg>,
+    seq: u64,
+    started: Instant,
+    fps: FpsMeter,
+    conn_tx: mpsc::Sender<(u64, ConnEvent)>,
+    conn_rx: mpsc::Receiver<(u64, ConnEvent)>,
+    /// Whether the last telemetry reading had the process over the planner's budget.
+    over_budget: bool,
+}
+
+/// Runs until the results channel closes (pipeline drained) and everything is delivered or
+/// spooled, or the shutdown grace period ends; then publishes `offline` and disconnects.
+pub async fn run(parts: PublisherParts) {
+    let (conn_tx, conn_rx) = mpsc::channel(4096);
+    let cfg = parts.cfg.borrow().clone();
+    let mut p = Publisher {
+        backoff: cfg.mqtt.reconnect_min,
+        cfg,
+        gen: 0,
+        client: None,
+        connected: false,
+        ever_connected: false,
+        reconnect_at: Some(tokio::time::Instant::now()),
+        window: VecDeque::new(),
+        resend: VecDeque::new(),
+        seq: 0,
+        started: Instant::now(),
+        over_budget: false,
+        fps: FpsMeter::new(0),
+        conn_tx,
+        conn_rx,
+        p: parts,
+    };
+    p.update_gauges();
+    let mut telem = tokio::time::interval(p.cfg.telemetry_interval);
+    telem.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    telem.tick().await;
+    let mut results_open = true;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        p.pump();
+        p.update_gauges();
+        if !results_open && (p.all_delivered() || !p.connected) {
+            break;
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            tracing::warn!("shutdown grace period over; spooling what is not acknowledged");
+            break;
+        }
+        let accept = results_open && p.can_accept();
+        let reconnect_at = p.reconnect_at;
+        tokio::select! {
+            biased;
+            Some((g, ev)) = p.conn_rx.recv() => if g == p.gen { p.on_conn(ev) },
+            o = p.p.results.recv(), if accept => match o {
+                Some(o) => { p.p.stats.q_results.fetch_sub(1, Relaxed); p.on_outcome(o) }
+                None => results_open = false,
+            },
+            Some(e) = p.p.events_rx.recv() => p.on_event(e),
+            _ = telem.tick() => p.telemetry(),
+            _ = async { tokio::time::sleep_until(reconnect_at.unwrap_or_else(tokio::time::Instant::now)).await }, if reconnect_at.is_some() && p.client.is_none() => p.connect(),
+            r = p.p.cfg.changed() => if r.is_ok() {
+                let new = p.p.cfg.borrow_and_update().clone();
+                if new.telemetry_interval != p.cfg.telemetry_interval {
+                    telem = tokio::time::interval(new.telemetry_interval);
+                    telem.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    telem.tick().await;
+                }
+                let reconnect = new.mqtt != p.cfg.mqtt;
+                p.cfg = new;
+                if reconnect {
+                    tracing::info!("MQTT settings changed: reconnecting");
+                    if let Some(c) = &p.client { c.try_disconnect() }
+                    p.lost("MQTT settings changed".into());
+                    p.backoff = p.cfg.mqtt.reconnect_min;
+                    p.reconnect_at = Some(tokio::time::Instant::now());
+                }
+            },
+            r = p.p.shutdown.changed(), if deadline.is_none() => {
+                if r.is_err() || *p.p.shutdown.borrow() {
+                    deadline = Some(tokio::time::Instant::now() + p.cfg.shutdown_grace);
+                }
+            },
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+    p.finish().await;
+}
+
+impl Publisher {
+    fn topic(&self, leaf: &str) -> String {
+        self.cfg.mqtt.topic(leaf)
+    }
+
+    fn max_inflight(&self) -> usize {
+        self.cfg.mqtt.max_inflight
+    }
+
+    fn live_ok(&self) -> bool {
+        self.connected && self.resend.iter().all(|m| m.kind != Kind::Detection) && !self.p.spool.has_unsent()
+    }
+
+    fn can_accept(&self) -> bool {
+        if self.live_ok() {
+            self.window.len() < self.max_inflight()
+        } else {
+            self.p.spool.has_room()
+        }
+    }
+
+    fn all_delivered(&self) -> bool {
+        self.window.is_empty() && self.resend.is_empty() && self.p.spool.is_empty()
+    }
+
+    fn update_gauges(&self) {
+        let s = &self.p.stats;
+        s.mqtt_queued.store((self.window.len() + self.resend.len()) as u64, Relaxed);
+        s.spool_len.store(self.p.spool.len() as u64, Relaxed);
+        s.spool_bytes.store(self.p.spool.bytes(), Relaxed);
+    }
+
+    fn connect(&mut self) {
+        self.gen += 1;
+        self.reconnect_at = None;
+        let cap = self.max_inflight() * 2 + 64;
+        tracing::info!(host = %self.cfg.mqtt.host, port = self.cfg.mqtt.port, protocol = %self.cfg.mqtt.protocol, "connecting to MQTT broker");
+        self.client = Some(mqtt::connect(&self.cfg.mqtt, cap, self.gen, self.conn_tx.clone()));
+    }
+
+    /// The connection is gone: unacknowledged detections go to the spool (in order, after
+    /// everything already there), events go back to the queue, the rest is re-sent on connect.
+    fn lost(&mut self, reason: String) {
+        if self.connected {
+            tracing::warn!("MQTT connection lost: {reason}");
+        }
+        self.connected = false;
+        self.client = None;
+        self.gen += 1;
+        self.p.spool.rewind();
+        let window: Vec<InFlight> = self.window.drain(..).collect();
+        let mut events_back = Vec::new();
+        for f in window {
+            match (f.msg.kind, f.msg.origin) {
+                (Kind::Detection, Origin::Live(c)) => {
+                    let m = Msg { origin: Origin::Live(c), ..f.msg };
+                    self.spool_msg(m);
+                }
+                (Kind::Event, o) => events_back.push(Msg { origin: o, ..f.msg }),
+                _ => {}
+            }
+        }
+        for m in events_back.into_iter().rev() {
+            self.resend.push_front(m);
+        }
+    }
+
+    /// Appends a live detection to the spool and completes its input; if the disk fails, it
+    /// stays in memory for the next connection.
+    fn spool_msg(&mut self, m: Msg) {
+        match self.p.spool.append(&m.topic, &m.payload) {
+            Ok(_) => {
+                self.p.stats.spooled_total.fetch_add(1, Relaxed);
+                if let Origin::Live(c) = &m.origin {
+                    if let Err(e) = c.done() {
+                        tracing::error!("cannot move input to done/: {e}");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("spool write failed, keeping the message in memory: {e}");
+                self.resend.push_back(m);
+            }
+        }
+    }
+
+    fn on_conn(&mut self, ev: ConnEvent) {
+        match ev {
+            ConnEvent::Connected => {
+                let again = self.ever_connected;
+                self.connected = true;
+                self.ever_connected = true;
+                self.backoff = self.cfg.mqtt.reconnect_min;
+                if again {
+                    self.p.stats.reconnects.fetch_add(1, Relaxed);
+                }
+                tracing::info!("MQTT connected");
+                let status = self.topic("status");
+                let info = serde_json::to_vec(&(self.p.info)()).unwrap_or_default();
+                let info_topic = self.topic("info");
+                self.send(Msg { topic: status, payload: b"online".to_vec(), retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+                self.send(Msg { topic: info_topic, payload: info, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+                if let Some(c) = &self.client {
+                    for f in &self.p.image_filters {
+                        if let Err(e) = c.try_subscribe(f) {
+                            tracing::error!("cannot subscribe to {f}: {e}");
+                        }
+                    }
+                }
+            }
+            ConnEvent::Refused { reason, auth } => {
+                self.p.stats.connect_refused.fetch_add(1, Relaxed);
+                if auth {
+                    tracing::error!(reason = %reason, "MQTT broker refused the connection: authentication failed (check username/password)");
+                } else {
+                    tracing::error!(reason = %reason, "MQTT broker refused the connection");
+                }
+                self.p.events.emit("mqtt_refused", serde_json::json!({"reason": reason, "auth": auth}));
+                self.lost(format!("refused: {reason}"));
+                self.schedule_reconnect();
+            }
+            ConnEvent::Disconnected(reason) => {
+                if !self.connected {
+                    tracing::warn!("MQTT connection failed: {reason}");
+                }
+                self.lost(reason);
+                self.schedule_reconnect();
+            }
+            ConnEvent::Sent(pkid) => {
+                if let Some(i) = self.window.iter().position(|f| f.pkid.is_none()) {
+                    self.window[i].pkid = Some(pkid);
+                    if self.window[i].msg.qos == 0 {
+                        if let Some(f) = self.window.remove(i) {
+                            self.delivered(f, None);
+                        }
+                    }
+                }
+            }
+            ConnEvent::Acked { pkid, error } => {
+                if let Some(i) = self.window.iter().position(|f| f.pkid == Some(pkid)) {
+                    if let Some(f) = self.window.remove(i) {
+                        self.delivered(f, error);
+                    }
+                }
+            }
+            ConnEvent::Message { topic, payload, properties } => {
+                if self.p.images.try_send(Incoming { topic: topic.clone(), payload, properties }).is_err() {
+                    self.p.stats.inputs_rejected.fetch_add(1, Relaxed);
+                    self.p.stats.frames_failed.fetch_add(1, Relaxed);
+                    self.p.events.emit("input_rejected", serde_json::json!({"topic": topic, "stage": "intake", "reason": "intake full (agent overloaded)"}));
+                }
+            }
+        }
+    }
+
+    fn schedule_reconnect(&mut self) {
+        let jitter = Duration::from_millis(u64::from(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_millis()).unwrap_or(0)) % 100);
+        self.reconnect_at = Some(tokio::time::Instant::now() + self.backoff + jitter);
+        self.backoff = (self.backoff * 2).min(self.cfg.mqtt.reconnect_max);
+    }
+
+    fn delivered(&mut self, f: InFlight, error: Option<String>) {
+        if f.msg.kind == Kind::Detection {
+            self.p.stats.detections_acked.fetch_add(1, Relaxed);
+            self.p.stats.record(Stage::Publish, f.sent.elapsed().as_secs_f64() * 1e3);
+            if let Some(e) = &error {
+                self.p.events.emit("publish_refused", serde_json::json!({"topic": f.msg.topic, "reason": e}));
+            }
+        }
+        match f.msg.origin {
+            Origin::Live(c) => {
+                if let Err(e) = c.done() {
+                    tracing::error!("cannot move input to done/: {e}");
+                }
+            }
+            Origin::Spool(id) => {
+                self.p.stats.spool_replayed.fetch_add(1, Relaxed);
+                if let Err(e) = self.p.spool.remove(id) {
+                    tracing::error!("{e}");
+                }
+            }
+            Origin::None => {}
+        }
+    }
+
+    /// Hands a message to the client; false when it could not be queued.
+    fn send(&mut self, msg: Msg) -> bool {
+        let Some(c) = &self.client else {
+            self.requeue(msg);
+            return false;
+        };
+        match c.try_publish(&msg.topic, msg.qos, msg.retain, msg.payload.clone()) {
+            Ok(()) => {
+                if msg.kind == Kind::Detection {
+                    self.p.stats.detections_published.fetch_add(1, Relaxed);
+                }
+                self.window.push_back(InFlight { msg, pkid: None, sent: Instant::now() });
+                true
+            }
+            Err(e) => {
+                tracing::warn!("publish not queued: {e}");
+                self.requeue(msg);
+                false
+            }
+        }
+    }
+
+    fn requeue(&mut self, msg: Msg) {
+        match msg.origin {
+            Origin::Spool(_) => self.p.spool.rewind(),
+            Origin::Live(_) if msg.kind == Kind::Detection => self.spool_msg(msg),
+            _ if msg.kind == Kind::Event => self.resend.push_front(msg),
+            _ => {}
+        }
+    }
+
+    /// Publishes queued work while connected and the in-flight window has room: first what
+    /// must be re-sent, then events, then the spool (oldest first).
+    fn pump(&mut self) {
+        while self.connected && self.window.len() < self.max_inflight() {
+            let msg = if let Some(m) = self.resend.pop_front() {
+                m
+            } else {
+                match self.p.spool.next_unsent() {
+                    Ok(Some(e)) => Msg { topic: e.topic, payload: e.payload, retain: false, qos: self.cfg.mqtt.qos, kind: Kind::Detection, origin: Origin::Spool(e.id) },
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!("skipping unreadable spool entry: {e}");
+                        self.p.events.emit("spool_error", serde_json::json!({"error": e.to_string()}));
+                        let (crate::agent::spool::SpoolError::Corrupt { path } | crate::agent::spool::SpoolError::Io { path, .. }) = &e;
+                        {
+                            if let Some(id) = path.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()) {
+                                self.p.spool.discard(id);
+                            }
+                        }
+                        continue;
+                    }
+                }
+            };
+            if !self.send(msg) {
+                break;
+            }
+        }
+    }
+
+    fn on_event(&mut self, e: AgentEvent) {
+        let mut body = e.body;
+        if !body.is_object() {
+            body = serde_json::json!({ "detail": body });
+        }
+        body["v"] = serde_json::json!(1);
+        body["type"] = serde_json::json!(e.kind);
+        body["device_id"] = serde_json::json!(self.cfg.mqtt.device_id);
+        body["boot_id"] = serde_json::json!(self.p.boot_id);
+        body["ts"] = serde_json::json!(now_ts());
+        let republish_info = e.kind == "model_reloaded" || e.kind == "config_applied" || e.kind == "batch_change";
+        let msg = Msg { topic: self.topic("events"), payload: serde_json::to_vec(&body).unwrap_or_default(), retain: false, qos: 1, kind: Kind::Event, origin: Origin::None };
+        if self.resend.len() >= MAX_PENDING_EVENTS {
+            self.p.stats.events_dropped.fetch_add(1, Relaxed);
+            if let Some(i) = self.resend.iter().position(|m| m.kind == Kind::Event) {
+                self.resend.remove(i);
+            }
+        }
+        self.resend.push_back(msg);
+        if republish_info && self.connected {
+            let info = serde_json::to_vec(&(self.p.info)()).unwrap_or_default();
+            let t = self.topic("info");
+            self.resend.push_back(Msg { topic: t, payload: info, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+        }
+    }
+
+    fn on_outcome(&mut self, o: Outcome) {
+        match o {
+            Outcome::Detected { job, w, h, batch_size, decode_ms, infer_ms, detections, model } => {
+                let t = Instant::now();
+                self.p.stats.frames_ok.fetch_add(1, Relaxed);
+                self.seq += 1;
+                let image = match &job.image {
+                    ImageRef::Path(p) => serde_json::json!({"path": p, "w": w, "h": h}),
+                    ImageRef::Id(i) => serde_json::json!({"id": i, "w": w, "h": h}),
+                };
+                let mut v = serde_json::json!({
+                    "v": 1,
+                    "device_id": self.cfg.mqtt.device_id,
+                    "boot_id": self.p.boot_id,
+                    "seq": self.seq,
+                    "ts": now_ts(),
+                    "source": &*job.source,
+                    "image": image,
+                    "model": &*model,
+                    "batch_size": batch_size,
+                    "latency_ms": {"decode": round3(decode_ms), "infer": round3(infer_ms), "post": 0.0},
+                    "detections": detections,
+                });
+                let post = t.elapsed().as_secs_f64() * 1e3;
+                v["latency_ms"]["post"] = serde_json::json!(round3(post));
+                self.p.stats.record(Stage::Post, post);
+                let msg = Msg {
+                    topic: self.topic(&format!("detections/{}", job.source)),
+                    payload: serde_json::to_vec(&v).unwrap_or_default(),
+                    retain: false,
+                    qos: self.cfg.mqtt.qos,
+                    kind: Kind::Detection,
+                    origin: Origin::Live(job.completion),
+                };
+                if self.live_ok() && self.window.len() < self.max_inflight() {
+                    self.send(msg);
+                } else {
+                    self.spool_msg(msg);
+                }
+            }
+            Outcome::Failed { job, stage, reason } => {
+                self.p.stats.frames_failed.fetch_add(1, Relaxed);
+                self.p.stats.inputs_rejected.fetch_add(1, Relaxed);
+                let image = match &job.image {
+                    ImageRef::Path(p) => serde_json::json!({"path": p}),
+                    ImageRef::Id(i) => serde_json::json!({"id": i}),
+                };
+                let moved = job.completion.failed(&format!("{stage}: {reason}"));
+                if let Err(e) = &moved {
+                    tracing::error!("cannot move input to failed/: {e}");
+                }
+                self.p.events.emit("input_rejected", serde_json::json!({"source": &*job.source, "image": image, "stage": stage, "reason": reason}));
+            }
+        }
+    }
+
+    fn telemetry(&mut self) {
+        let mem = self.p.memory.query();
+        let budget = self.p.stats.plan_budget.load(Relaxed);
+        // what the pool reserves above the model (CUDA, after a plan; None: not watched)
+        let above = match (self.p.stats.budget_watch.get(), mem.process_reserved) {
+            (Some(&base), Some(r)) => Some(r.saturating_sub(base)),
+            _ => None,
+        };
+        if let Some(over) = telemetry::budget_crossing(self.over_budget, above, budget) {
+            self.over_budget = over;
+            let g = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+            self.p.events.emit(
+                if over { "memory_over_budget" } else { "memory_within_budget" },
+                serde_json::json!({
+                    "reserved": mem.process_reserved, "reserved_for_batches": above, "budget": budget,
+                    "verified_peak": g(&self.p.stats.plan_verified_peak), "batch": g(&self.p.stats.batch_current),
+                    "note": if over {
+                        "the memory pool holds more than the planner verified for this batch (its reservation varies from run to run); memory_fraction leaves the margin, and an out-of-memory error would split the batch"
+                    } else {
+                        "back within the planner's budget"
+                    },
+                }),
+            );
+        }
+        let fps = self.fps.tick(self.p.stats.frames_ok.load(Relaxed));
+        self.update_gauges();
+        let base = serde_json::json!({"v": 1, "device_id": self.cfg.mqtt.device_id, "boot_id": self.p.boot_id, "ts": now_ts()});
+        let v = telemetry::snapshot(&self.p.stats, &mem, fps, self.started.elapsed().as_secs_f64(), base);
+        if self.connected && self.window.len() < self.max_inflight() + 16 {
+            let t = self.topic("telemetry");
+            self.send(Msg { topic: t, payload: serde_json::to_vec(&v).unwrap_or_default(), retain: false, qos: 1, kind: Kind::Other, origin: Origin::None });
+        }
+    }
+
+    /// Last words: unacknowledged detections to the spool, `offline` retained, disconnect.
+    async fn finish(&mut self) {
+        if self.connected {
+            // give pending events a last chance
+            let until = tokio::time::Instant::now() + Duration::from_secs(2);
+            self.pump();
+            while !self.window.is_empty() && tokio::time::Instant::now() < until {
+                self.pump();
+                match tokio::time::timeout_at(until, self.wait_conn()).await {
+                    Ok(Some((g, ev))) if g == self.gen => self.on_conn(ev),
+                    Ok(Some(_)) => {}
+                    _ => break,
+                }
+            }
+        }
+        let window: Vec<InFlight> = self.window.drain(..).collect();
+        for f in window {
+            if f.msg.kind == Kind::Detection && matches!(f.msg.origin, Origin::Live(_)) {
+                self.spool_msg(f.msg);
+            }
+        }
+        for m in std::mem::take(&mut self.resend) {
+            if m.kind == Kind::Detection {
+                self.spool_msg(m);
+            }
+        }
+        if self.connected {
+            let status = self.topic("status");
+            self.send(Msg { topic: status, payload: b"offline".to_vec(), retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+            let until = tokio::time::Instant::now() + Duration::from_secs(3);
+            while !self.window.is_empty() {
+                match tokio::time::timeout_at(until, self.wait_conn()).await {
+                    Ok(Some((g, ev))) if g == self.gen => self.on_conn(ev),
+                    Ok(Some(_)) => {}
+                    _ => break,
+                }
+                if !self.connected {
+                    break;
+                }
+            }
+            if let Some(c) = &self.client {
+                c.try_disconnect();
+            }
+            tracing::info!("published offline; disconnected");
+        }
+        self.update_gauges();
+    }
+
+    async fn wait_conn(&mut self) -> Option<(u64, ConnEvent)> {
+        self.conn_rx.recv().await
+    }
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}

@@ -1,0 +1,141 @@
+//! Hot-folder source: notify wakes a scanner that takes a file once it is completely written
+//! (renamed into place, or the same size and mtime for `settle`), oldest name first. Files
+//! left over from a crash are found by the first scan. Moving to done/ or failed/ is the
+//! publisher's job, after the outcome is safely delivered.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use notify::Watcher;
+use tokio::sync::{mpsc, watch};
+
+use crate::agent::events::EventSink;
+use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
+
+/// A configured hot folder.
+#[derive(Debug, Clone)]
+pub struct FolderSource {
+    pub id: String,
+    pub path: PathBuf,
+    pub done_dir: PathBuf,
+    pub failed_dir: PathBuf,
+    pub settle: Duration,
+    pub scan_interval: Duration,
+}
+
+/// Names that are still being written by the usual conventions (hidden temp file, `.part`, `.tmp`).
+fn in_progress(name: &str) -> bool {
+    name.starts_with('.') || name.ends_with(".part") || name.ends_with(".tmp") || name.ends_with(".crdownload")
+}
+
+fn list(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64, SystemTime)>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let Ok(e) = e else { continue };
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if in_progress(name) {
+            continue;
+        }
+        let Ok(m) = e.metadata() else { continue };
+        if m.is_file() {
+            v.push((e.path(), m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
+        }
+    }
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(v)
+}
+
+/// Runs the source until `stop` turns true (or the intake closes).
+pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::Receiver<bool>, events: EventSink) {
+    let id: Arc<str> = Arc::from(super::topic_level(&src.id).as_str());
+    let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
+    let mut watcher: Option<notify::RecommendedWatcher> = None;
+    let mut seen: HashMap<PathBuf, (u64, SystemTime, Instant)> = HashMap::new();
+    let mut taken: HashSet<PathBuf> = HashSet::new();
+    let mut missing_reported = false;
+    for d in [&src.done_dir, &src.failed_dir] {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            events.emit("source_error", serde_json::json!({"source": &*id, "path": d, "error": e.to_string()}));
+        }
+    }
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        if watcher.is_none() && src.path.is_dir() {
+            let tx = wake_tx.clone();
+            let w = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+                let _ = tx.try_send(());
+            })
+            .and_then(|mut w| w.watch(&src.path, notify::RecursiveMode::NonRecursive).map(|_| w));
+            match w {
+                Ok(w) => watcher = Some(w),
+                Err(e) => tracing::warn!(source = %id, "cannot watch {}: {e}; polling", src.path.display()),
+            }
+        }
+        let listing = {
+            let p = src.path.clone();
+            tokio::task::spawn_blocking(move || list(&p)).await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
+        let mut pending = false;
+        match listing {
+            Err(e) => {
+                watcher = None;
+                if !missing_reported {
+                    missing_reported = true;
+                    events.emit("source_error", serde_json::json!({"source": &*id, "path": src.path, "error": e.to_string()}));
+                }
+            }
+            Ok(files) => {
+                if missing_reported {
+                    missing_reported = false;
+                    events.emit("source_recovered", serde_json::json!({"source": &*id, "path": src.path}));
+                }
+                let present: HashSet<&PathBuf> = files.iter().map(|f| &f.0).collect();
+                taken.retain(|p| present.contains(p));
+                seen.retain(|p, _| present.contains(p));
+                for (path, len, mtime) in &files {
+                    if taken.contains(path) {
+                        continue;
+                    }
+                    let stable = match seen.get(path) {
+                        Some(&(l, m, since)) if l == *len && m == *mtime => since.elapsed() >= src.settle,
+                        _ => {
+                            seen.insert(path.clone(), (*len, *mtime, Instant::now()));
+                            src.settle.is_zero()
+                        }
+                    };
+                    if !stable {
+                        pending = true;
+                        continue;
+                    }
+                    let job = Job {
+                        source: id.clone(),
+                        image: ImageRef::Path(path.clone()),
+                        data: JobData::File(path.clone()),
+                        completion: Completion::File { path: path.clone(), done_dir: src.done_dir.clone(), failed_dir: src.failed_dir.clone() },
+                    };
+                    tokio::select! {
+                        r = intake.send(job) => if r.is_err() { return },
+                        _ = stop.changed() => return,
+                    }
+                    seen.remove(path);
+                    taken.insert(path.clone());
+                }
+            }
+        }
+        let wait = if pending { src.settle.min(src.scan_interval).max(Duration::from_millis(10)) } else { src.scan_interval };
+        tokio::select! {
+            _ = wake_rx.recv() => {
+                // let a burst of events coalesce
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                while wake_rx.try_recv().is_ok() {}
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The f32 GEMM micro-kernel of the CPU convolution (AVX2 + FMA, chosen at run time) and the
+//! layouts it reads:
+//! - weights packed once at load time ([`PackedWeights`]): blocks of [`MR`] output channels,
+//!   each stored `k`-major (`MR` values per `k`), zero rows padding the last block, so the
+//!   per-call weight re-packing of a generic GEMM disappears;
+//! - the im2col columns of a tile, written straight in panels of [`NR`] pixels (`NR` values per
+//!   `k`) by `cpuconv`, so the kernel reads both operands contiguously.
+//!
+//! The kernel computes an `MR x NR` block of the NCHW output (`MR` channels, `NR` consecutive
+//! pixels) in 12 AVX registers; the last block of a layer with fewer channels runs a 4- or
+//! 2-row variant.
+
+use candle_core::{bail, DType, Result, Tensor};
+
+/// Output channels per kernel block.
+pub const MR: usize = 6;
+/// Pixels per kernel block (two 8-lane vectors).
+pub const NR: usize = 16;
+/// Reduction depth per pass over the output (keeps a weight block in L1/L2).
+pub const KC: usize = 256;
+
+/// A `(CO, CI, k, k)` f32 weight re-laid out for the kernel: `blocks` of `MR` channels, each
+/// `kdim x MR` (`kdim = CI * k * k`, the weight's own `(ci, ki, kj)` order).
+pub struct PackedWeights {
+    pub co: usize,
+    pub ci: usize,
+    pub k: usize,
+    pub kdim: usize,
+    data: Vec<f32>,
+}
+
+impl std::fmt::Debug for PackedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedWeights({}x{}x{}x{})", self.co, self.ci, self.k, self.k)
+    }
+}
+
+impl PackedWeights {
+    /// Packs an f32 CPU weight `(CO, CI, k, k)`.
+    pub fn new(weight: &Tensor) -> Result<Self> {
+        let (co, ci, k, k2) = weight.dims4()?;
+        if k != k2 || weight.dtype() != DType::F32 || !weight.device().is_cpu() {
+            bail!("PackedWeights: need a square f32 CPU weight, got {:?} {:?}", weight.dims(), weight.dtype());
+        }
+        let kdim = ci * k * k;
+        let w = weight.flatten_all()?.to_vec1::<f32>()?;
+        let blocks = co.div_ceil(MR);
+        let mut data = vec![0f32; blocks * kdim * MR];
+        for (o, row) in w.chunks_exact(kdim).enumerate() {
+            let blk = &mut data[(o / MR) * kdim * MR..(o / MR + 1) * kdim * MR];
+            for (kk, v) in row.iter().enumerate() {
+                blk[kk * MR + o % MR] = *v;
+            }
+        }
+        Ok(Self { co, ci, k, kdim, data })
+    }
+
+    /// Channel block `cb`, reduction rows `k0..` (`MR` values per row).
+    pub fn block(&self, cb: usize, k0: usize) -> &[f32] {
+        &self.data[cb * self.kdim * MR + k0 * MR..(cb + 1) * self.kdim * MR]
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.co.div_ceil(MR)
+    }
+}
+
+/// Whether this CPU runs the AVX2 kernel.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// What the last reduction pass applies before storing: `act(v + bias[i]) (+ res[i * ldc + j])`
+/// (`res` laid out like the output block).
+#[derive(Clone, Copy)]
+pub struct Epilogue {
+    pub bias: *const f32,
+    pub act: bool,
+    pub res: Option<*const f32>,
+}
+
+/// SiLU with a polynomial `exp` (Cephes `expf`, relative error ~1e-7) that vectorises, unlike
+/// the libm call.
+#[inline(always)]
+pub fn silu(v: f32) -> f32 {
+    let x = (-v).clamp(-87.0, 88.0);
+    let fx = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = x - fx * 0.693_359_4 - fx * -2.121_944_4e-4;
+    let y = ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 0.5;
+    let y = y * r * r + r + 1.0;
+    let e = y * f32::from_bits(((fx as i32 + 127) as u32) << 23);
+    v / (1.0 + e)
+}
+
+/// [`silu`] on 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn silu8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let s = _mm256_set1_ps;
+    let x = _mm256_max_ps(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), v), s(88.0)), s(-87.0));
+    let fx = _mm256_floor_ps(_mm256_fmadd_ps(x, s(std::f32::consts::LOG2_E), s(0.5)));
+    let r = _mm256_fnmadd_ps(fx, s(-2.121_944_4e-4), _mm256_fnmadd_ps(fx, s(0.693_359_4), x));
+    let mut y = _mm256_fmadd_ps(s(1.987_569_2e-4), r, s(1.398_2e-3));
+    y = _mm256_fmadd_ps(y, r, s(8.333_452e-3));
+    y = _mm256_fmadd_ps(y, r, s(4.166_579_6e-2));
+    y = _mm256_fmadd_ps(y, r, s(1.666_666_5e-1));
+    y = _mm256_fmadd_ps(y, r, s(0.5));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), s(1.0));
+    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23));
+    _mm256_div_ps(v, _mm256_add_ps(s(1.0), _mm256_mul_ps(y, pow2)))
+}
+
+/// `c[i * ldc + j] (+)= sum_k a[k * MR + i] * b[k * NR + j]` for `i < M` (`M <= MR`), `j < NR`:
+/// `2 * M` accumulators, two loads of `b` and `M` broadcasts of `a` per `k` (`M = 6`: the
+/// classic 6x16 AVX2 shape, 15 of the 16 registers).
+///
+/// # Safety
+/// AVX2 and FMA must be available ([`available`]); `a` holds `kc * MR` values, `b` `kc * NR`,
+/// and `c` is writable at `i * ldc + j` for `i < M`, `j < NR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel<const M: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool, epi: Option<Epilogue>) {
+    // SAFETY: the caller guarantees AVX2/FMA and the extents of `a`, `b`, `c` and the epilogue
+    // pointers (see # Safety); every offset below stays inside them.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm256_setzero_ps(); 2]; M];
+        for k in 0..kc {
+            let b0 = _mm256_loadu_ps(b.add(k * NR));
+            let b1 = _mm256_loadu_ps(b.add(k * NR + 8));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*a.add(k * MR + i));
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                let p = c.add(i * ldc + j * 8);
+                let mut v = if accumulate { _mm256_add_ps(_mm256_loadu_ps(p), *v) } else { *v };
+                if let Some(e) = epi {
+                    v = _mm256_add_ps(v, _mm256_broadcast_ss(&*e.bias.add(i)));
+                    if e.act {
+                        v = silu8(v);
+                    }
+                    if let Some(r) = e.res {
+                        v = _mm256_add_ps(v, _mm256_loadu_ps(r.add(i * ldc + j * 8)));
+                    }
+                }
+                _mm256_storeu_ps(p, v);
+            }
+        }
+    }
+}
+
+/// [`kernel`] with the smallest supported `M >= m`, writing to `c` directly when the block is
+/// whole (`m == M`, `n == NR`), else through a local block of which `m x n` is stored.
+///
+/// # Safety
+/// As [`block`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dispatch(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool, m: usize, n: usize, epi: Option<Epilogue>) {
+    // SAFETY: the caller guarantees what [`block`] requires; `tmp` holds MR x NR values and each
+    // row copied back is the `n <= NR` columns of `c` that the caller made writable.
+    unsafe {
+        let run = |c: *mut f32, ldc: usize, accumulate: bool, epi: Option<Epilogue>| match m {
+            5..=6 => kernel::<6>(kc, a, b, c, ldc, accumulate, epi),
+            3..=4 => kernel::<4>(kc, a, b, c, ldc, accumulate, epi),
+            _ => kernel::<2>(kc, a, b, c, ldc, accumulate, epi),
+        };
+        if n == NR && matches!(m, 2 | 4 | 6) {
+            return run(c, ldc, accumulate, epi);
+        }
+        let mut tmp = [0f32; MR * NR];
+        run(tmp.as_mut_ptr(), NR, false, None);
+        for i in 0..m {
+            let dst = std::slice::from_raw_parts_mut(c.add(i * ldc), n);
+            let src = &tmp[i * NR..i * NR + n];
+            for (j, (d, s)) in dst.iter_mut().zip(src).enumerate() {
+                let mut v = if accumulate { *d + s } else { *s };
+                if let Some(e) = epi {
+                    v += *e.bias.add(i);
+                    if e.act {
+                        v = silu(v);
+                    }
+                    if let Some(r) = e.res {
+                        v += *r.add(i * ldc + j);
+                    }
+                }
+                *d = v;
+            }
+        }
+    }
+}
+
+/// One `m x n` block (`1 <= m <= MR`, `n <= NR`) of `c (+)= a * b` over `kc` reduction rows,
+/// then `epi` (on the last pass) before the store.
+///
+/// # Safety
+/// [`available`] must be true; `a` holds `kc * MR` values, `b` `kc * NR`, `c` is writable at
+/// `i * ldc + j` for `i < m`, `j < n`, `epi`'s bias readable at `i < m` and its residual at
+/// `i * ldc + j`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn block(kc: usize, a: &[f32], b: &[f32], c: *mut f32, ldc: usize, accumulate: bool, m: usize, n: usize, epi: Option<Epilogue>) {
+    // SAFETY: forwarded from the caller (see # Safety).
+    unsafe {
+        debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR && (1..=MR).contains(&m) && n <= NR);
+        #[cfg(target_arch = "x86_64")]
+        {
+            dispatch(kc, a.as_ptr(), b.as_ptr(), c, ldc, accumulate, m, n, epi)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (kc, a, b, c, ldc, accumulate, m, n, epi);
+            unreachable!("cpukernel::block without AVX2")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_matches_naive() {
+        if !available() {
+            return;
+        }
+        let kc = 37;
+        let a: Vec<f32> = (0..kc * MR).map(|i| (i % 7) as f32 - 3.0).collect();
+        let b: Vec<f32> = (0..kc * NR).map(|i| (i % 5) as f32 * 0.5).collect();
+        for (m, n) in [(MR, NR), (5, NR), (4, NR), (3, 9), (2, NR), (MR, 7), (1, 1)] {
+            for acc in [false, true] {
+                let ldc = 30;
+                let mut c = vec![1f32; MR * ldc];
+                // SAFETY: AVX2 checked above; c has MR rows of ldc >= NR values.
+                unsafe { block(kc, &a, &b, c.as_mut_ptr(), ldc, acc, m, n, None) };
+                for i in 0..MR {
+                    for j in 0..ldc {
+                        let want = if i < m && j < n { (0..kc).map(|k| a[k * MR + i] * b[k * NR + j]).sum::<f32>() + if acc { 1.0 } else { 0.0 } } else { 1.0 };
+                        assert_eq!(c[i * ldc + j], want, "m{m} n{n} acc{acc} at {i},{j}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn epilogue_matches_scalar() {
+        if !available() {
+            return;
+        }
+        let kc = 5;
+        let a: Vec<f32> = (0..kc * MR).map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.5).collect();
+        let b: Vec<f32> = (0..kc * NR).map(|i| ((i * 13) % 7) as f32 * 0.9 - 2.0).collect();
+        let bias: Vec<f32> = (0..MR).map(|i| i as f32 - 2.5).collect();
+        let ldc = 20;
+        let res: Vec<f32> = (0..MR * ldc).map(|i| (i % 9) as f32 * 0.25).collect();
+        for (m, n) in [(MR, NR), (4, NR), (5, 11)] {
+            for act in [false, true] {
+                let mut c = vec![0.5f32; MR * ldc];
+                let epi = Epilogue { bias: bias.as_ptr(), act, res: Some(res.as_ptr()) };
+                // SAFETY: AVX2 checked above; c and res have MR rows of ldc >= NR values.
+                unsafe { block(kc, &a, &b, c.as_mut_ptr(), ldc, true, m, n, Some(epi)) };
+                for i in 0..m {
+                    for j in 0..n {
+                        let v = (0..kc).map(|k| a[k * MR + i] * b[k * NR + j]).sum::<f32>() + 0.5 + bias[i];
+                        let want = if act { silu(v) } else { v } + res[i * ldc + j];
+                        let got = c[i * ldc + j];
+                        assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "m{m} n{n} act{act} at {i},{j}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_silu_matches_scalar() {
+        if !available() {
+            return;
+        }
+        for i in -2000..2000 {
+            let v = i as f32 * 0.1;
+            // SAFETY: AVX2 checked above.
+            let got = unsafe {
+                let mut out = [0f32; 8];
+                std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), silu8(std::arch::x86_64::_mm256_set1_ps(v)));
+                out[0]
+            };
+            let want = v / (1.0 + (-v).exp());
+            assert!((got - want).abs() <= 2e-6 * want.abs() + 1e-12, "silu8({v}) = {got}, want {want}");
+        }
+    }
+}

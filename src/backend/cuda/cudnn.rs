@@ -1,0 +1,401 @@
+//! Convolutions through cuDNN with one plan per shape: descriptors built and the algorithm
+//! chosen once (benchmarked with `cudnnFindConvolutionForwardAlgorithmEx`, like PyTorch's
+//! `cudnn.benchmark`), then reused by every later call of that shape.
+//!
+//! candle's own cuDNN path re-plans on every call (about 4 ms of host time each, measured on the
+//! on a data-centre GPU) and accumulates FP16 in FP16 (error 3.5e-3 to 7e-3). Here FP16 data is computed with
+//! FP32 accumulation (cuDNN's PSEUDO_HALF), tensor cores allowed; FP32 data without TF32, so that
+//! the f32 path stays a reference. The algorithms kept for FP16 are the GEMM family (exact FP32
+//! accumulation; Winograd and FFT are left out). Grouped convolutions
+//! (the head's depthwise 3x3) are one call, not one per group.
+//!
+//! Plans live per thread (cuDNN handles are not thread-safe; the agent runs one inference thread
+//! per device). The workspace of each call comes from candle's pool, so the memory planner sees
+//! it; a workspace kept between calls makes peaks grow and planned batches shrink
+//! (BENCHMARKS.md, "Settled experiments").
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
+use candle_core::cuda_backend::{CudaStorageSlice, DeviceId};
+use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor};
+use cudarc::cudnn::{result, sys};
+
+use crate::backend::oom::OOM_MARKER;
+
+/// Largest workspace offered to the algorithm search for a convolution whose input and output
+/// hold `io_bytes`: `cudnn_workspace_scale` x `io_bytes`, at least `cudnn_workspace_min`, at most
+/// 8 GiB ([`Tuning`](crate::backend::tuning::Tuning)). The chosen algorithm's own need, at most
+/// this, is what later calls allocate (the planner measures it). The fast tensor-core algorithms
+/// stage FP16 tensors in another layout inside the workspace, so their need grows with the
+/// batch, and explicit-GEMM algorithms need about nine times the input: a fixed cap makes large
+/// batches pick slow algorithms (BENCHMARKS.md, "Settled experiments": cuDNN workspace).
+fn find_workspace(io_bytes: usize) -> usize {
+    let t = crate::backend::tuning::get();
+    let floor = t.cudnn_workspace_min.0 as usize;
+    floor.max(((io_bytes as f64 * t.cudnn_workspace_scale) as usize).min(8 << 30))
+}
+
+/// How much slower than the fastest an algorithm may be and still be chosen for needing less
+/// workspace (`cudnn_algo_slack`). The search's timings of near-equal algorithms vary from run
+/// to run, and a choice by time alone can take one that needs far more scratch memory for no
+/// real gain.
+fn algo_slack() -> f32 {
+    crate::backend::tuning::get().cudnn_algo_slack as f32
+}
+
+/// `x.conv2d(w, padding, stride, 1, groups)` through cuDNN, or `None` when cuDNN cannot run this
+/// shape (then the caller takes candle's path; the shape is remembered and not tried again).
+/// With `nhwc`, `x` is `(N, H, W, C)`, `w` is `(K, R, S, C/groups)` and so is the result
+/// `(N, OH, OW, K)`; otherwise all are NCHW.
+pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usize, nhwc: bool) -> Option<candle_core::Result<Tensor>> {
+    let key = Key::new(x, w, padding, stride, groups, nhwc)?;
+    if UNSUPPORTED.with(|u| u.borrow().contains(&key)) {
+        return None;
+    }
+    let r = x.contiguous().and_then(|x| w.contiguous().and_then(|w| x.apply_op2_no_bwd(&w, &CudnnConv { key })));
+    match r {
+        Err(e) if !crate::backend::oom::is_oom(&e) && UNSUPPORTED.with(|u| u.borrow().contains(&key)) => {
+            tracing::warn!(error = %e, shape = ?key, "cuDNN cannot run this convolution; using candle's");
+            None
+        }
+        r => Some(r),
+    }
+}
+
+/// Everything that makes a plan: device, dtype, layout, input and filter dims (in cuDNN's order,
+/// N C H W and K C R S, whatever the layout), stride, padding, groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    dev: DeviceId,
+    f16: bool,
+    nhwc: bool,
+    x: [i32; 4],
+    w: [i32; 4],
+    stride: i32,
+    pad: i32,
+    groups: i32,
+}
+
+impl Key {
+    fn new(x: &Tensor, w: &Tensor, pad: usize, stride: usize, groups: usize, nhwc: bool) -> Option<Self> {
+        let dev = match x.device() {
+            candle_core::Device::Cuda(d) => d.id(),
+            _ => return None,
+        };
+        let f16 = match (x.dtype(), w.dtype()) {
+            (DType::F16, DType::F16) => true,
+            (DType::F32, DType::F32) => false,
+            _ => return None,
+        };
+        let d = |t: &Tensor| -> Option<[i32; 4]> {
+            let (a, b, c, e) = t.dims4().ok()?;
+            // channels last: (a, h, w, c) is (a, c, h, w) to cuDNN
+            let (b, c, e) = if nhwc { (e, b, c) } else { (b, c, e) };
+            Some([a.try_into().ok()?, b.try_into().ok()?, c.try_into().ok()?, e.try_into().ok()?])
+        };
+        Some(Self { dev, f16, nhwc, x: d(x)?, w: d(w)?, stride: stride as i32, pad: pad as i32, groups: groups as i32 })
+    }
+
+    fn y_dims(&self) -> [i32; 4] {
+        let o = |i: i32, k: i32| (i + 2 * self.pad - k) / self.stride + 1;
+        [self.x[0], self.w[0], o(self.x[2], self.w[2]), o(self.x[3], self.w[3])]
+    }
+}
+
+thread_local! {
+    static HANDLES: RefCell<HashMap<DeviceId, Handle>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<Key, Plan>> = RefCell::new(HashMap::new());
+    static UNSUPPORTED: RefCell<HashSet<Key>> = RefCell::new(HashSet::new());
+}
+
+/// Owned cuDNN objects, destroyed on drop.
+macro_rules! owned {
+    ($($name:ident($raw:ty) => $destroy:path;)*) => {$(
+        struct $name($raw);
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: created by the matching cuDNN create call and destroyed only here.
+                let _ = unsafe { $destroy(self.0) };
+            }
+        }
+    )*};
+}
+owned! {
+    Handle(sys::cudnnHandle_t) => result::destroy_handle;
+    TensorDesc(sys::cudnnTensorDescriptor_t) => result::destroy_tensor_descriptor;
+    FilterDesc(sys::cudnnFilterDescriptor_t) => result::destroy_filter_descriptor;
+    ConvDesc(sys::cudnnConvolutionDescriptor_t) => result::destroy_convolution_descriptor;
+}
+
+/// The raw pointer of an optional scratch buffer (null without one), with its stream guard.
+fn scratch_ptr<'a>(ws: &'a mut Option<CudaSlice<u8>>, stream: &'a CudaStream) -> (*mut c_void, Option<SyncOnDrop<'a>>) {
+    match ws.as_mut() {
+        Some(b) => {
+            let (p, g) = b.device_ptr_mut(stream);
+            (p as *mut c_void, Some(g))
+        }
+        None => (std::ptr::null_mut(), None),
+    }
+}
+
+/// Descriptors and the chosen algorithm for one shape.
+struct Plan {
+    x: TensorDesc,
+    w: FilterDesc,
+    conv: ConvDesc,
+    y: TensorDesc,
+    algo: sys::cudnnConvolutionFwdAlgo_t,
+    workspace: usize,
+}
+
+fn err(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
+    let s = format!("{e:?}");
+    if s.contains("ALLOC_FAILED") {
+        candle_core::Error::Msg(format!("{OOM_MARKER}: cuDNN {what}: {s}"))
+    } else {
+        candle_core::Error::Msg(format!("cuDNN {what}: {s}"))
+    }
+}
+
+fn handle(dev: &CudaDevice) -> candle_core::Result<sys::cudnnHandle_t> {
+    HANDLES.with(|h| {
+        if let Some(h) = h.borrow().get(&dev.id()) {
+            return Ok(h.0);
+        }
+        let stream = dev.cuda_stream();
+        stream.context().bind_to_thread().map_err(|e| err("bind context", e))?;
+        let raw = result::create_handle().map_err(|e| err("create handle", e))?;
+        let handle = Handle(raw);
+        // SAFETY: `raw` is the handle just created on this thread, and the stream belongs to the
+        // device's context, bound to this thread above; both outlive the handle's use here.
+        unsafe { result::set_stream(raw, stream.cu_stream() as *mut _) }.map_err(|e| err("set stream", e))?;
+        h.borrow_mut().insert(dev.id(), handle);
+        Ok(raw)
+    })
+}
+
+impl Plan {
+    /// Descriptors for `key` (algorithm not chosen yet).
+    fn describe(key: &Key) -> candle_core::Result<Self> {
+        let dt = if key.f16 { sys::cudnnDataType_t::CUDNN_DATA_HALF } else { sys::cudnnDataType_t::CUDNN_DATA_FLOAT };
+        let format = if key.nhwc { sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC } else { sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW };
+        let x = TensorDesc(result::create_tensor_descriptor().map_err(|e| err("descriptor", e))?);
+        // SAFETY (this and the descriptor calls below): each descriptor was just created and is
+        // owned by its wrapper, which destroys it on drop; the dimensions are plain values.
+        unsafe { result::set_tensor4d_descriptor(x.0, format, dt, key.x) }.map_err(|e| err("input descriptor", e))?;
+        let y = TensorDesc(result::create_tensor_descriptor().map_err(|e| err("descriptor", e))?);
+        // SAFETY: as above, a live descriptor owned by `y`.
+        unsafe { result::set_tensor4d_descriptor(y.0, format, dt, key.y_dims()) }.map_err(|e| err("output descriptor", e))?;
+        let w = FilterDesc(result::create_filter_descriptor().map_err(|e| err("descriptor", e))?);
+        // SAFETY: as above, a live descriptor owned by `w`.
+        unsafe { result::set_filter4d_descriptor(w.0, dt, format, key.w) }.map_err(|e| err("filter descriptor", e))?;
+        let conv = ConvDesc(result::create_convolution_descriptor().map_err(|e| err("descriptor", e))?);
+        // FP32 accumulation for both FP16 and FP32 data
+        let (p, s) = (key.pad, key.stride);
+        // SAFETY: as above, a live descriptor owned by `conv`.
+        unsafe {
+            result::set_convolution2d_descriptor(
+                conv.0,
+                p,
+                p,
+                s,
+                s,
+                1,
+                1,
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            )
+        }
+        .map_err(|e| err("convolution descriptor", e))?;
+        if key.groups > 1 {
+            // SAFETY: as above, a live descriptor owned by `conv`.
+            unsafe { result::set_convolution_group_count(conv.0, key.groups) }.map_err(|e| err("group count", e))?;
+        }
+        let math = if key.f16 { sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
+        // SAFETY: as above, a live descriptor owned by `conv`.
+        unsafe { result::set_convolution_math_type(conv.0, math) }.map_err(|e| err("math type", e))?;
+        Ok(Self { x, w, conv, y, algo: sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, workspace: 0 })
+    }
+}
+
+fn admitted(f16: bool, algo: sys::cudnnConvolutionFwdAlgo_t) -> bool {
+    use sys::cudnnConvolutionFwdAlgo_t as A;
+    !f16
+        || matches!(
+            algo,
+            A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM | A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM | A::CUDNN_CONVOLUTION_FWD_ALGO_GEMM
+        )
+}
+
+struct CudnnConv {
+    key: Key,
+}
+
+impl CustomOp2 for CudnnConv {
+    fn name(&self) -> &'static str {
+        "cudnn-conv2d"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("cudnn-conv2d: CUDA only")
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        if !xl.is_contiguous() || !wl.is_contiguous() {
+            candle_core::bail!("cudnn-conv2d: inputs must be contiguous");
+        }
+        let dev = x.device().clone();
+        let slice = match (&x.slice, &w.slice) {
+            (CudaStorageSlice::F16(xs), CudaStorageSlice::F16(ws)) => CudaStorageSlice::F16(run(&dev, &self.key, xs, xl, ws, wl)?),
+            (CudaStorageSlice::F32(xs), CudaStorageSlice::F32(ws)) => CudaStorageSlice::F32(run(&dev, &self.key, xs, xl, ws, wl)?),
+            _ => candle_core::bail!("cudnn-conv2d: f16 or f32 input and filter of one dtype"),
+        };
+        let [n, c, h, wd] = self.key.y_dims().map(|v| v as usize);
+        let shape = if self.key.nhwc { Shape::from((n, h, wd, c)) } else { Shape::from((n, c, h, wd)) };
+        Ok((CudaStorage { slice, device: dev }, shape))
+    }
+}
+
+fn run<T: DeviceRepr>(dev: &CudaDevice, key: &Key, x: &CudaSlice<T>, xl: &Layout, w: &CudaSlice<T>, wl: &Layout) -> candle_core::Result<CudaSlice<T>> {
+    let handle = handle(dev)?;
+    let stream = dev.cuda_stream();
+    let [n, c, h, wd] = key.y_dims();
+    if n <= 0 || c <= 0 || h <= 0 || wd <= 0 {
+        candle_core::bail!("cudnn-conv2d: empty output for {key:?}");
+    }
+    let len = (n as usize) * (c as usize) * (h as usize) * (wd as usize);
+    // SAFETY: fully written by the convolution (beta = 0).
+    let mut y = unsafe { dev.alloc::<T>(len)? };
+    let xv = x.slice(xl.start_offset()..);
+    let wv = w.slice(wl.start_offset()..);
+    let planned = PLANS.with(|p| p.borrow().contains_key(key));
+    if !planned {
+        let plan = match plan(handle, dev, key, &xv, &wv, &mut y) {
+            Ok(p) => p,
+            Err(e) => {
+                if !crate::backend::oom::is_oom(&e) {
+                    UNSUPPORTED.with(|u| u.borrow_mut().insert(*key));
+                }
+                return Err(e);
+            }
+        };
+        tracing::debug!(shape = ?key, algo = ?plan.algo, workspace = plan.workspace, "cuDNN plan");
+        PLANS.with(|p| p.borrow_mut().insert(*key, plan));
+    }
+    PLANS.with(|p| -> candle_core::Result<()> {
+        let plans = p.borrow();
+        let plan = plans.get(key).ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
+        // SAFETY: uninitialised scratch space for cuDNN.
+        let mut ws = if plan.workspace > 0 { Some(unsafe { dev.alloc::<u8>(plan.workspace)? }) } else { None };
+        let (alpha, beta) = (1f32, 0f32);
+        let (xp, _gx) = xv.device_ptr(&stream);
+        let (wp, _gw) = wv.device_ptr(&stream);
+        let (yp, _gy) = y.device_ptr_mut(&stream);
+        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
+        // SAFETY: the plan's descriptors describe exactly these buffers (the key holds their
+        // shapes and dtype, checked when the plan was made); the device pointers are kept alive
+        // and ordered on `stream` by the guards `_gx`, `_gw`, `_gy`, `_gws` until the call is
+        // enqueued; the workspace is at least the algorithm's need; alpha/beta outlive the call.
+        unsafe {
+            result::convolution_forward(
+                handle,
+                (&alpha) as *const f32 as *const c_void,
+                plan.x.0,
+                xp as *const c_void,
+                plan.w.0,
+                wp as *const c_void,
+                plan.conv.0,
+                plan.algo,
+                wsp,
+                plan.workspace,
+                (&beta) as *const f32 as *const c_void,
+                plan.y.0,
+                yp as *mut c_void,
+            )
+        }
+        .map_err(|e| err("convolution", e))
+    })?;
+    Ok(y)
+}
+
+/// Builds the descriptors and benchmarks the admitted algorithms on the real tensors (the output
+/// buffer doubles as the search's scratch output).
+fn plan<T: DeviceRepr>(
+    handle: sys::cudnnHandle_t,
+    dev: &CudaDevice,
+    key: &Key,
+    x: &impl DevicePtr<T>,
+    w: &impl DevicePtr<T>,
+    y: &mut CudaSlice<T>,
+) -> candle_core::Result<Plan> {
+    let mut plan = Plan::describe(key)?;
+    let stream = dev.cuda_stream();
+    // the largest scratch space the pool gives now, up to find_workspace()
+    let mut ws: Option<CudaSlice<u8>> = None;
+    let elem = std::mem::size_of::<T>();
+    let x_elems: usize = key.x.iter().map(|&d| d as usize).product();
+    let mut size = find_workspace((x_elems + y.len()) * elem);
+    while size >= (1 << 20) {
+        // SAFETY: scratch space.
+        if let Ok(b) = unsafe { dev.alloc::<u8>(size) } {
+            ws = Some(b);
+            break;
+        }
+        size /= 4;
+    }
+    let ws_size = ws.as_ref().map_or(0, |_| size);
+    const N: usize = sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT as usize;
+    // SAFETY: a plain C struct of integers, floats and enums whose zero value is valid
+    // (CUDNN_STATUS_SUCCESS, algorithm 0); cuDNN overwrites the entries it returns.
+    let mut perf: [sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
+    let mut returned: i32 = 0;
+    {
+        let (xp, _gx) = x.device_ptr(&stream);
+        let (wp, _gw) = w.device_ptr(&stream);
+        let (yp, _gy) = y.device_ptr_mut(&stream);
+        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
+        // SAFETY: as for the forward call: descriptors match the buffers, whose pointers stay
+        // valid while the guards live; `perf` holds N entries and `returned` is written before
+        // it is read; the workspace holds `ws_size` bytes.
+        let status = unsafe {
+            sys::cudnnFindConvolutionForwardAlgorithmEx(
+                handle,
+                plan.x.0,
+                xp as *const c_void,
+                plan.w.0,
+                wp as *const c_void,
+                plan.conv.0,
+                plan.y.0,
+                yp as *mut c_void,
+                N as i32,
+                &mut returned,
+                perf.as_mut_ptr(),
+                wsp,
+                ws_size,
+            )
+        };
+        status.result().map_err(|e| err("algorithm search", e))?;
+    }
+    drop(ws);
+    let usable: Vec<&sys::cudnnConvolutionFwdAlgoPerf_t> = perf[..returned.clamp(0, N as i32) as usize]
+        .iter()
+        .filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_size && admitted(key.f16, p.algo))
+        .collect();
+    let fastest = usable.iter().map(|p| p.time).fold(f32::INFINITY, f32::min);
+    // the least workspace among those within the slack of the fastest (ties: the faster)
+    let best = usable
+        .iter()
+        .filter(|p| p.time <= fastest * (1.0 + algo_slack()))
+        .min_by(|a, b| a.memory.cmp(&b.memory).then(a.time.total_cmp(&b.time)))
+        .ok_or_else(|| candle_core::Error::Msg(format!("cuDNN: no admitted algorithm for {key:?} ({returned} tried)")))?;
+    // SAFETY: a live descriptor owned by the plan; the math type is one cuDNN returned.
+    unsafe { result::set_convolution_math_type(plan.conv.0, best.mathType) }.map_err(|e| err("math type", e))?;
+    plan.algo = best.algo;
+    plan.workspace = best.memory;
+    Ok(plan)
+}

@@ -1,0 +1,24 @@
+//! The CUDA path of the acceleration layer: convolutions through cuDNN plans ([`cudnn`], with
+//! feature `cudnn`), the project's fused kernels (`kernels/*.cu`, compiled to PTX by `build.rs`:
+//! conv [`epilogue`], CBFuse [`fuse`], channels-last [`pool`]ing, [`head`] decode, network
+//! [`input`] normalisation, score [`candidates`]) and one forward pass replayed as a CUDA
+//! [`graph`].
+//!
+//! May use: candle's CUDA backend, cudarc, and [`super`]'s device-memory modules.
+
+pub mod candidates;
+#[cfg(feature = "cudnn")]
+pub mod cudnn;
+pub mod epilogue;
+pub mod fuse;
+pub mod graph;
+pub mod head;
+pub mod input;
+pub mod pool;
+
+/// The launch shape of the project's grid-stride kernels: `block` threads per block and enough
+/// blocks for one thread per work unit, at most 2^20 (each thread then loops over the rest).
+pub(crate) fn grid(units: usize, block: u32) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+    let blocks = units.div_ceil(block as usize).clamp(1, 1 << 20) as u32;
+    candle_core::cuda_backend::cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}

@@ -1,0 +1,144 @@
+//! What an operator may tune in the acceleration layer, with the defaults that were measured
+//! best (BENCHMARKS.md, "Settled experiments" and "GPU throughput and latency").
+//!
+//! The agent reads these from the config's optional `[tuning]` table, the other subcommands from
+//! their command line; both are validated before anything runs and installed once, before the
+//! first model is built ([`install`]). The layer reads them through [`get`]. A change needs a
+//! restart: kernels, plans and the arena are set up with these values.
+
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::ByteSize;
+
+/// Where a pass's activations are placed on a CUDA device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Allocator {
+    /// Deterministic best-fit placement over one reserved range ([`super::arena`]), so that the
+    /// planner's readings repeat; needs a build with feature `arena`, else it is the pool.
+    #[default]
+    Arena,
+    /// CUDA's stream-ordered pool alone.
+    Pool,
+}
+
+/// The acceleration layer's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tuning {
+    /// Smallest workspace the cuDNN algorithm search is offered per convolution.
+    pub cudnn_workspace_min: ByteSize,
+    /// Workspace offered per convolution as a multiple of its input + output bytes (capped at
+    /// 8 GiB); the fast FP16 tensor-core algorithms need it to grow with the batch.
+    pub cudnn_workspace_scale: f64,
+    /// How much slower than the fastest a cuDNN algorithm may be and still be chosen for needing
+    /// less workspace (0.05 = 5 %; 0 = always the fastest, like PyTorch's `cudnn.benchmark`).
+    pub cudnn_algo_slack: f64,
+    /// Batch-1 passes on CUDA replay one captured CUDA graph (launch-bound otherwise).
+    pub cuda_graphs: bool,
+    /// Threads that pack a batch's pictures into the pinned upload buffer; 0 = the available
+    /// cores, at most 8.
+    pub upload_threads: usize,
+    /// How activations are placed on a CUDA device.
+    pub allocator: Allocator,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            cudnn_workspace_min: ByteSize(256 << 20),
+            cudnn_workspace_scale: 6.0,
+            cudnn_algo_slack: 0.05,
+            cuda_graphs: true,
+            upload_threads: 0,
+            allocator: Allocator::Arena,
+        }
+    }
+}
+
+/// A setting out of its range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("tuning.{key}: {why}")]
+pub struct TuningError {
+    pub key: &'static str,
+    pub why: String,
+}
+
+impl Tuning {
+    /// Checks every value's range.
+    pub fn validate(&self) -> Result<(), TuningError> {
+        let bad = |key, why: &str| Err(TuningError { key, why: why.to_string() });
+        if !(self.cudnn_workspace_scale.is_finite() && (0.0..=64.0).contains(&self.cudnn_workspace_scale)) {
+            return bad("cudnn_workspace_scale", "must be a number from 0 to 64");
+        }
+        if !(self.cudnn_algo_slack.is_finite() && (0.0..=1.0).contains(&self.cudnn_algo_slack)) {
+            return bad("cudnn_algo_slack", "must be a number from 0 to 1");
+        }
+        if self.cudnn_workspace_min.0 > 8 << 30 {
+            return bad("cudnn_workspace_min", "must be at most 8GiB");
+        }
+        if self.upload_threads > 256 {
+            return bad("upload_threads", "must be from 0 (automatic) to 256");
+        }
+        Ok(())
+    }
+
+    /// Upload threads with 0 resolved to the available cores, at most 8.
+    pub fn upload_threads(&self) -> usize {
+        match self.upload_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+            n => n,
+        }
+    }
+
+    /// Whether the arena places activations: asked for, and built in.
+    pub fn arena(&self) -> bool {
+        cfg!(feature = "arena") && self.allocator == Allocator::Arena
+    }
+}
+
+static INSTALLED: OnceLock<Tuning> = OnceLock::new();
+
+/// Makes `t` the process's settings. The first call wins; a later call with other values is an
+/// error (they are baked into plans and kernels already), one with the same values is not.
+pub fn install(t: Tuning) -> Result<(), TuningError> {
+    t.validate()?;
+    let now = INSTALLED.get_or_init(|| t.clone());
+    if *now != t {
+        return Err(TuningError { key: "*", why: format!("already set to {now:?} in this process; a change needs a restart") });
+    }
+    Ok(())
+}
+
+/// The process's settings: those installed, else the defaults.
+pub fn get() -> &'static Tuning {
+    static DEFAULT: OnceLock<Tuning> = OnceLock::new();
+    INSTALLED.get().unwrap_or_else(|| DEFAULT.get_or_init(Tuning::default))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_parse_from_an_empty_table() {
+        let t: Tuning = toml::from_str("").unwrap();
+        assert_eq!(t, Tuning::default());
+        t.validate().unwrap();
+        assert!(t.upload_threads() >= 1);
+    }
+
+    #[test]
+    fn values_and_ranges() {
+        let t: Tuning = toml::from_str("cudnn_workspace_min = \"64MiB\"\ncuda_graphs = false\nallocator = \"pool\"\nupload_threads = 3").unwrap();
+        assert_eq!(t.cudnn_workspace_min.0, 64 << 20);
+        assert!(!t.cuda_graphs && !t.arena());
+        assert_eq!(t.upload_threads(), 3);
+        let bad: Tuning = toml::from_str("cudnn_algo_slack = 2.0").unwrap();
+        assert_eq!(bad.validate().unwrap_err().key, "cudnn_algo_slack");
+        assert!(toml::from_str::<Tuning>("allocator = \"slab\"").is_err());
+        assert!(toml::from_str::<Tuning>("cuda_graph = true").is_err());
+    }
+}

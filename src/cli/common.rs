@@ -1,0 +1,96 @@
+//! What several subcommands share: loading a model by path or `random:<variant>`, and the
+//! acceleration settings (`[tuning]` of the agent's config) as command-line flags.
+
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+use clap::Args;
+
+use yolo_edge::backend::tuning::{self, Allocator, Tuning};
+use yolo_edge::detector::Detector;
+use yolo_edge::model::random as randweights;
+use yolo_edge::model::{BuildOptions, YoloV9};
+use yolo_edge::units::ByteSize;
+
+/// A detector from a checkpoint path, or from `random:yolov9X` (seeded random weights, for
+/// speed and memory measurements), with a name for reports.
+pub fn load_detector(spec: &str, dev: &Device, dtype: DType, imgsz: usize, seed: u64) -> anyhow::Result<(String, Detector)> {
+    match randweights::parse_spec(spec) {
+        Some(v) => {
+            let v = v?;
+            let ck = randweights::random_checkpoint(v, seed)?;
+            let m = YoloV9::from_checkpoint(&ck, &BuildOptions::new(dev.clone(), dtype))?;
+            Ok((format!("{} (random)", v.name()), Detector::from_model(m, imgsz)))
+        }
+        None => {
+            let det = Detector::load(Path::new(spec), dev, dtype, Some(imgsz)).with_context(|| format!("loading {spec}"))?;
+            Ok((det.info().variant.name().to_string(), det))
+        }
+    }
+}
+
+/// `on` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+/// The acceleration layer's settings as flags; each left out keeps its default
+/// ([`Tuning::default`], the same as an agent config without `[tuning]`).
+#[derive(Debug, Clone, Args)]
+pub struct TuningArgs {
+    /// Batch-1 passes on CUDA replay one captured CUDA graph.
+    #[arg(long, value_enum)]
+    cuda_graphs: Option<Switch>,
+    /// How activations are placed on a CUDA device.
+    #[arg(long, value_enum)]
+    allocator: Option<AllocatorArg>,
+    /// Threads that pack pictures into the pinned upload buffer (0: the cores, at most 8).
+    #[arg(long)]
+    upload_threads: Option<usize>,
+    /// Smallest workspace offered to cuDNN's algorithm search per convolution, e.g. 256MiB.
+    #[arg(long)]
+    cudnn_workspace_min: Option<ByteSize>,
+    /// Workspace offered per convolution as a multiple of its input + output bytes.
+    #[arg(long)]
+    cudnn_workspace_scale: Option<f64>,
+    /// How much slower than the fastest a cuDNN algorithm may be to save workspace (0.05 = 5 %).
+    #[arg(long)]
+    cudnn_algo_slack: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AllocatorArg {
+    Arena,
+    Pool,
+}
+
+impl TuningArgs {
+    /// The settings these flags give, validated.
+    pub fn tuning(&self) -> anyhow::Result<Tuning> {
+        let d = Tuning::default();
+        let t = Tuning {
+            cuda_graphs: self.cuda_graphs.map_or(d.cuda_graphs, |s| s == Switch::On),
+            allocator: match self.allocator {
+                None => d.allocator,
+                Some(AllocatorArg::Arena) => Allocator::Arena,
+                Some(AllocatorArg::Pool) => Allocator::Pool,
+            },
+            upload_threads: self.upload_threads.unwrap_or(d.upload_threads),
+            cudnn_workspace_min: self.cudnn_workspace_min.unwrap_or(d.cudnn_workspace_min),
+            cudnn_workspace_scale: self.cudnn_workspace_scale.unwrap_or(d.cudnn_workspace_scale),
+            cudnn_algo_slack: self.cudnn_algo_slack.unwrap_or(d.cudnn_algo_slack),
+        };
+        t.validate().map_err(|e| anyhow::anyhow!("--{}: {}", e.key.replace('_', "-"), e.why))?;
+        Ok(t)
+    }
+
+    /// Validates the flags and makes them the process's settings, before any model is built.
+    pub fn install(&self) -> anyhow::Result<Tuning> {
+        let t = self.tuning()?;
+        tuning::install(t.clone())?;
+        Ok(t)
+    }
+}

@@ -1,0 +1,183 @@
+//! Detections from raw candidates: confidence filter, class-aware NMS and mapping back to the
+//! original picture, with the reference's defaults and semantics (`ultralytics.utils.ops.non_max_suppression`,
+//! `multi_label=False`, `agnostic=False`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::vision::preprocess::LetterboxGeometry;
+
+/// Offset that separates classes for class-aware NMS (the reference's `max_wh`).
+const MAX_WH: f32 = 7680.0;
+/// Most boxes that enter NMS (the reference's `max_nms`).
+const MAX_NMS: usize = 30_000;
+
+/// Thresholds of the detection step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Thresholds {
+    pub conf: f32,
+    pub iou: f32,
+    pub max_det: usize,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self { conf: 0.25, iou: 0.7, max_det: 300 }
+    }
+}
+
+/// One detected object, in original-image pixels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Detection {
+    pub class_id: usize,
+    pub label: String,
+    pub confidence: f32,
+    /// x1, y1, x2, y2
+#[serde(rename = "box")]
+    pub bbox: [f32; 4],
+}
+
+/// A candidate that passed the confidence filter, in network-input pixels (xywh centre form).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub xywh: [f32; 4],
+    pub score: f32,
+    pub class_id: usize,
+}
+
+/// Floats per candidate row that the device filter returns: x, y, w, h, score, class, picture,
+/// anchor (`src/model/kernels/candidates.cu`).
+pub const DEVICE_ROW: usize = 8;
+
+/// Per-picture candidate lists, each in anchor order (as the host filter yields them), from the
+/// device filter's rows, which come in whatever order the device appended them. A row naming a
+/// picture outside `0..pictures` is dropped; a trailing partial row is ignored.
+pub fn candidates_from_rows(rows: &[f32], pictures: usize) -> Vec<Vec<Candidate>> {
+    let mut per: Vec<Vec<(usize, Candidate)>> = vec![Vec::new(); pictures];
+    for r in rows.chunks_exact(DEVICE_ROW) {
+        let (pic, anchor) = (r[6] as usize, r[7] as usize);
+        if let Some(list) = per.get_mut(pic) {
+            list.push((anchor, Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }));
+        }
+    }
+    per.into_iter()
+        .map(|mut l| {
+            l.sort_unstable_by_key(|e| e.0);
+            l.into_iter().map(|e| e.1).collect()
+        })
+        .collect()
+}
+
+fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
+    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let inter = iw * ih;
+    let area_a = (a[2] - a[0]) * (a[3] - a[1]);
+    let area_b = (b[2] - b[0]) * (b[3] - b[1]);
+    inter / (area_a + area_b - inter + 1e-9)
+}
+
+/// Class-aware NMS over one image's candidates; returns kept candidates as xyxy boxes in
+/// network-input pixels, best first.
+pub fn nms(mut cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])> {
+    cands.retain(|c| c.score > th.conf && c.score.is_finite());
+    // stable sort by score, descending (torch.argsort(descending=True) on CPU is stable for ties in practice)
+    cands.sort_by(|a, b| b.score.total_cmp(&a.score));
+    cands.truncate(MAX_NMS);
+    let boxes: Vec<[f32; 4]> = cands
+        .iter()
+        .map(|c| {
+            let [x, y, w, h] = c.xywh;
+            [x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0]
+        })
+        .collect();
+    let shifted: Vec<[f32; 4]> = boxes
+        .iter()
+        .zip(&cands)
+        .map(|(b, c)| {
+            let o = c.class_id as f32 * MAX_WH;
+            [b[0] + o, b[1] + o, b[2] + o, b[3] + o]
+        })
+        .collect();
+    let mut suppressed = vec![false; cands.len()];
+    let mut keep = Vec::new();
+    for i in 0..cands.len() {
+        if suppressed[i] {
+            continue;
+        }
+        keep.push((cands[i], boxes[i]));
+        if keep.len() >= th.max_det {
+            break;
+        }
+        for j in i + 1..cands.len() {
+            if !suppressed[j] && cands[j].class_id == cands[i].class_id && iou(&shifted[i], &shifted[j]) > th.iou {
+                suppressed[j] = true;
+            }
+        }
+    }
+    keep
+}
+
+/// Full post-processing of one image: NMS, then boxes mapped to original pixels and labelled.
+pub fn finish(cands: Vec<Candidate>, th: &Thresholds, geom: &LetterboxGeometry, names: &[String]) -> Vec<Detection> {
+    nms(cands, th)
+        .into_iter()
+        .map(|(c, b)| Detection {
+            class_id: c.class_id,
+            label: names.get(c.class_id).cloned().unwrap_or_else(|| c.class_id.to_string()),
+            confidence: c.score,
+            bbox: geom.unletterbox(b),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(x: f32, y: f32, s: f32, cls: usize) -> Candidate {
+        Candidate { xywh: [x, y, 10.0, 10.0], score: s, class_id: cls }
+    }
+
+    #[test]
+    fn device_rows_become_per_picture_lists_in_anchor_order() {
+        // rows as the device appends them: out of order, pictures interleaved, one stray picture
+        let row = |pic: f32, anchor: f32, score: f32, cls: f32| [anchor, 2.0 * anchor, 3.0, 4.0, score, cls, pic, anchor];
+        let rows: Vec<f32> = [row(1.0, 7.0, 0.5, 2.0), row(0.0, 9.0, 0.6, 0.0), row(1.0, 3.0, 0.7, 1.0), row(5.0, 1.0, 0.9, 0.0), row(0.0, 2.0, 0.8, 3.0)].concat();
+        let per = candidates_from_rows(&rows, 3);
+        assert_eq!(per.len(), 3);
+        let anchors = |l: &Vec<Candidate>| l.iter().map(|c| c.xywh[0] as usize).collect::<Vec<_>>();
+        assert_eq!(anchors(&per[0]), vec![2, 9]);
+        assert_eq!(anchors(&per[1]), vec![3, 7]);
+        assert!(per[2].is_empty());
+        assert_eq!(per[1][0], Candidate { xywh: [3.0, 6.0, 3.0, 4.0], score: 0.7, class_id: 1 });
+        // a partial row at the end is ignored
+        assert_eq!(candidates_from_rows(&rows[..DEVICE_ROW + 3], 3)[1].len(), 1);
+    }
+
+    #[test]
+    fn suppresses_overlaps_of_same_class_only() {
+        let th = Thresholds::default();
+        let kept = nms(vec![cand(10.0, 10.0, 0.9, 0), cand(11.0, 10.0, 0.8, 0), cand(11.0, 10.0, 0.7, 1), cand(50.0, 50.0, 0.6, 0)], &th);
+        let scores: Vec<f32> = kept.iter().map(|(c, _)| c.score).collect();
+        assert_eq!(scores, vec![0.9, 0.7, 0.6]);
+    }
+
+    #[test]
+    fn confidence_filter_and_max_det() {
+        let th = Thresholds { conf: 0.5, iou: 0.7, max_det: 2 };
+        let kept = nms((0..10).map(|i| cand(i as f32 * 100.0, 0.0, 0.4 + i as f32 * 0.05, 0)).collect(), &th);
+        assert_eq!(kept.len(), 2);
+        assert!(kept[0].0.score > kept[1].0.score && kept[1].0.score > 0.5);
+    }
+
+    #[test]
+    fn iou_threshold_separates_overlaps() {
+        let th = Thresholds { conf: 0.1, iou: 0.5, max_det: 300 };
+        let a = Candidate { xywh: [5.0, 5.0, 10.0, 10.0], score: 0.9, class_id: 0 };
+        // shifted by 4: IoU 60/140 = 0.43 -> both kept; shifted by 2: IoU 80/120 = 0.67 -> suppressed
+        let b = Candidate { xywh: [5.0, 9.0, 10.0, 10.0], score: 0.8, class_id: 0 };
+        let c = Candidate { xywh: [5.0, 7.0, 10.0, 10.0], score: 0.8, class_id: 0 };
+        assert_eq!(nms(vec![a, b], &th).len(), 2);
+        assert_eq!(nms(vec![a, c], &th).len(), 1);
+    }
+}
