@@ -186,8 +186,8 @@ fn conv_tile(parts: &[(&[f32], usize)], wt: &[f32], bias: &[f32], g: &Geom, act:
     let (p0, p1) = (rows.start * g.ow, rows.end * g.ow);
     let nb = p1 - p0;
     let kdim = g.ci * g.k * g.k;
-    // SAFETY (for the pointer arithmetic below): `dst` points at a picture's CO * n elements
-    // and p1 <= n.
+    // SAFETY: `dst` points at a picture's CO * n elements and p0 < p1 <= n (this and the
+    // pointer arithmetic below stay inside them).
     let tile = unsafe { dst.0.add(p0) };
     let run_gemm = |k: usize, lhs: &[f32], rhs: &[f32], rhs_rs: usize, accumulate: bool| {
         assert!(rhs.len() >= (k - 1) * rhs_rs + nb && lhs.len() >= (g.co - 1) * kdim + k);
