@@ -153,7 +153,7 @@ impl Detector {
         if !g.kept.as_ref().is_some_and(|gf| gf.fits(x)) {
             // a graph for another shape or thread goes (with its memory) before the new capture
             g.kept = None;
-            match GraphedForward::capture(&self.model, x) {
+            match GraphedForward::capture(|t| self.model.forward(t), x) {
                 Ok(gf) => {
                     tracing::info!(shape = ?x.dims(), graph_pool_mib = crate::backend::devmem::graph_pool_reserved(x.device()) >> 20, "batch-1 pass captured as a CUDA graph");
                     g.kept = Some(gf);

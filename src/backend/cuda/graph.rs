@@ -11,13 +11,12 @@
 //! pool's figures (`devmem::graph_pool_reserved` reads it alone).
 //!
 //! Anything that fails (capture, instantiation, launch) is an error the caller answers by
-//! running the pass eagerly; `crate::detector` does, and then stops using graphs (after running
-//! out of memory: for a minute).
+//! running the pass eagerly (the detector then stops using graphs; after running out of memory,
+//! for a minute).
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{Device, Tensor};
 
-use super::YoloV9;
 
 pub struct GraphedForward {
     /// Fixed input buffer `(B, 3, S, S)` the graph reads.
@@ -41,16 +40,16 @@ fn derr(what: &str) -> impl Fn(candle_core::cuda_backend::cudarc::driver::Driver
 }
 
 impl GraphedForward {
-    /// Captures `model`'s forward pass for inputs shaped like `x` (which it runs twice, eagerly,
-    /// to warm everything up first).
-    pub fn capture(model: &YoloV9, x: &Tensor) -> candle_core::Result<Self> {
+    /// Captures the pass `forward` (a model's forward pass) for inputs shaped like `x`; it runs
+    /// twice eagerly first, to warm everything up.
+    pub fn capture(forward: impl Fn(&Tensor) -> candle_core::Result<Tensor>, x: &Tensor) -> candle_core::Result<Self> {
         let Device::Cuda(dev) = x.device() else { candle_core::bail!("CUDA graphs need a CUDA device") };
         let dev = dev.clone();
         let stream = dev.cuda_stream();
         let _cache = dev.enable_cuda_graph_htod_cache();
         let input = x.contiguous()?.copy()?;
-        let output = model.forward(&input)?.contiguous()?.copy()?;
-        output.slice_set(&model.forward(&input)?.contiguous()?, 0, 0)?;
+        let output = forward(&input)?.contiguous()?.copy()?;
+        output.slice_set(&forward(&input)?.contiguous()?, 0, 0)?;
         stream.synchronize().map_err(derr("warm-up"))?;
         if input.dim(0)? > 1 {
             // the warm passes' activations, cached in the stream pool, would otherwise sit beside
@@ -62,7 +61,7 @@ impl GraphedForward {
         let paused = crate::backend::arena::pause();
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(derr("begin capture"))?;
         // the capture must be ended whatever happens inside it, or the stream stays unusable
-        let captured = model.forward(&input).and_then(|y| output.slice_set(&y.contiguous()?, 0, 0));
+        let captured = forward(&input).and_then(|y| output.slice_set(&y.contiguous()?, 0, 0));
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
         drop(paused);
         captured?;
