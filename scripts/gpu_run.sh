@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -21,6 +21,7 @@
 #      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of upab/algoab)
 #      ARENA_CASES ("e:16GiB m:8GiB"; empty: no sweeps) ARENA_AB_VARIANTS (t,e) ARENA_AB_BATCHES (8,64,256)
 #      INTERLEAVE_ROUNDS (4) INTERLEAVE_VARIANTS (t,e) INTERLEAVE_BATCHES (2,8,64) INTERLEAVE_ITERS (20)
+#      BEFORE_XZ ROUNDS (3) BA_VARIANTS (t,c) BA_BATCHES (1,128) BA_ITERS (20): step beforeafter
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -310,6 +311,45 @@ for (m, b) in sorted({(k[0], k[1]) for k in runs}, key=lambda x: (x[0], x[1])):
         continue
     mp, ma = statistics.median(p), statistics.median(a)
     print(f"| {m} | {b} | {' '.join(f'{x:.2f}' for x in p)} | {' '.join(f'{x:.2f}' for x in a)} | {mp:.2f} | {ma:.2f} | {ma/mp:.3f} |")
+PY
+fi
+
+if has beforeafter; then
+  # two builds of the same code base, e.g. before and after a refactoring: BEFORE_XZ (in $DIST)
+  # against the binary under test, alternating processes (ROUNDS each) so that drift and
+  # process-to-process spread fall on both; the figure per build is the median of its rounds'
+  # medians. Model only, FP16, BA_VARIANTS x BA_BATCHES.
+  BEFORE="$W/yolo-edge-before"
+  xz -dc "$DIST/${BEFORE_XZ:-yolo-edge-cuda-sm90-cudnn-before.xz}" > "$BEFORE" && chmod +x "$BEFORE"
+  say "## before/after: $("$BEFORE" --version) (before) vs $("$BIN" --version) (after), ${ROUNDS:-3} alternating rounds each"
+  for i in $(seq 1 "${ROUNDS:-3}"); do
+    for side in before after; do
+      b="$BIN"; [ "$side" = before ] && b="$BEFORE"
+      timeout "${BA_TIMEOUT:-150}" "$b" bench --device cuda:0 --variants "${BA_VARIANTS:-t,c}" --dtype f16 --batches "${BA_BATCHES:-1,128}" --mode model --warmup 3 --iters "${BA_ITERS:-20}" --out "$W/ba-$side-$i" > "$W/ba-$side-$i.md" 2> "$W/ba-$side-$i.log"
+      echo "rc=$?" >> "$W/ba-$side-$i.log"
+    done
+  done
+  python3 - "$W" "${ROUNDS:-3}" <<'PY' 2>&1 | tee -a "$SUM"
+import json, statistics, sys
+w, rounds = sys.argv[1], int(sys.argv[2])
+runs = {}
+for side in ("before", "after"):
+    for i in range(1, rounds + 1):
+        try:
+            rows = json.load(open(f"{w}/ba-{side}-{i}/bench.json"))["rows"]
+        except (OSError, ValueError) as e:
+            print(f"{side} round {i}: no result ({e})"); continue
+        for r in rows:
+            if r.get("latency_ms") is not None:
+                runs.setdefault((r["model"], r["batch"]), {}).setdefault(side, []).append((r["latency_ms"], r.get("peak_mib")))
+print("| model | batch | before ms (rounds) | after ms (rounds) | after / before | before img/s | after img/s | peak MiB before / after |")
+print("|---|---:|---|---|---:|---:|---:|---|")
+for (m, b), d in sorted(runs.items()):
+    bf, af = d.get("before", []), d.get("after", [])
+    if not bf or not af: continue
+    mb, ma = statistics.median(x[0] for x in bf), statistics.median(x[0] for x in af)
+    fmt = lambda v: ", ".join(f"{x[0]:.2f}" for x in v)
+    print(f"| {m} | {b} | {mb:.2f} ({fmt(bf)}) | {ma:.2f} ({fmt(af)}) | {ma/mb:.3f} | {b*1000/mb:.0f} | {b*1000/ma:.0f} | {bf[0][1]} / {af[0][1]} |")
 PY
 fi
 

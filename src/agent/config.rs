@@ -819,6 +819,22 @@ path = "/in"
     }
 
     #[test]
+    fn tuning_table_is_optional_validated_and_restart_only() {
+        let c = Config::parse(MIN, Path::new("/etc/a.toml")).unwrap();
+        assert_eq!(c.tuning, Tuning::default());
+        let t = Config::parse(&format!("{MIN}\n[tuning]\ncuda_graphs = false\ncudnn_workspace_min = \"64MiB\"\n"), Path::new("/etc/a.toml")).unwrap();
+        assert!(!t.tuning.cuda_graphs);
+        assert_eq!(t.tuning.cudnn_workspace_min.0, 64 << 20);
+        assert_eq!(c.restart_required(&t), vec!["tuning"]);
+        let e = err(&format!("{MIN}\n[tuning]\ncudnn_algo_slack = 3.0\n"));
+        assert!(e.starts_with("/etc/a.toml:15:1: `tuning.cudnn_algo_slack`"), "{e}");
+        let e = err(&format!("{MIN}\n[tuning]\ncuda_graph = true\n"));
+        assert!(e.contains("/etc/a.toml:15:") && e.contains("tuning") && e.contains("cuda_graph"), "{e}");
+        let e = err(&format!("{MIN}\n[tuning]\ncudnn_workspace_min = \"8GB of it\"\n"));
+        assert!(e.contains("`tuning.cudnn_workspace_min`") && e.contains("8GB of it"), "{e}");
+    }
+
+    #[test]
     fn errors_name_file_line_and_key() {
         let e = err(&MIN.replace("[mqtt]\n", "[mqtt]\nhots = 1\n"));
         assert!(e.starts_with("/etc/a.toml:5:1: `mqtt"), "{e}");
