@@ -385,5 +385,5 @@ for (m, b), c in groups.items():
 PY
 fi
 
-(cd "$OUT" && tar czf all.tar.gz --exclude=work/yolo-edge --exclude=work/site --exclude="*.npy" work && rm -rf work)
+(cd "$OUT" && tar czf all.tar.gz --exclude="work/yolo-edge*" --exclude=work/site --exclude="*.npy" work && rm -rf work)
 echo; cat "$SUM" | tail -60
