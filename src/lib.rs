@@ -12,6 +12,7 @@ pub mod device;
 pub mod agent;
 pub mod config;
 pub mod events;
+pub mod messages;
 pub mod memory;
 pub mod mqtt;
 pub mod pipeline;
