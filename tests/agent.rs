@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use image::ImageEncoder;
+use yolo_edge::agent::messages::{Detections, EventBody, ImageName, Info, Status, Telemetry};
 
 const T: Duration = Duration::from_secs(300);
 
 /// seq values must be 1..=n with no gap; duplicates (QoS 1) must repeat the same message.
-fn check_seq(dets: &[serde_json::Value], n: usize) {
+fn check_seq(dets: &[Detections], n: usize) {
     let by_seq = check_seq_partial(dets);
     assert_eq!(by_seq.len(), n, "distinct seq");
     assert_eq!(by_seq.keys().copied().collect::<Vec<_>>(), (1..=n as u64).collect::<Vec<_>>(), "seq gap-free");
@@ -22,11 +23,11 @@ fn check_seq(dets: &[serde_json::Value], n: usize) {
 
 /// For a stream that may miss messages: duplicates carry the same picture and first arrivals
 /// come in increasing `seq`. Returns seq -> picture.
-fn check_seq_partial(dets: &[serde_json::Value]) -> BTreeMap<u64, String> {
+fn check_seq_partial(dets: &[Detections]) -> BTreeMap<u64, String> {
     let mut by_seq: BTreeMap<u64, String> = BTreeMap::new();
     let mut last_first = 0;
     for v in dets {
-        let s = v["seq"].as_u64().unwrap();
+        let s = v.seq;
         let img = image_name(v);
         match by_seq.get(&s) {
             Some(prev) => assert_eq!(prev, &img, "duplicate seq {s} carries another image"),
@@ -49,7 +50,7 @@ fn hot_folder_500_images_schema_status_info_telemetry() {
     let cfg = tmp.path().join("agent.toml");
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     let jpeg = small_jpeg("horses.jpg", 96);
     let names = drop_images(&conf.input, 0, 500, &jpeg);
     wait_until(T, "500 detections", || col.detections().len() >= 500);
@@ -72,37 +73,44 @@ fn hot_folder_500_images_schema_status_info_telemetry() {
     for w in tel.windows(2) {
         let dt = w[1].at.duration_since(w[0].at).as_secs_f64();
         assert!((0.5..=2.5).contains(&dt), "telemetry interval {dt}s for interval_s = 1");
-        let (a, b) = (w[0].json(), w[1].json());
-        for k in ["ok", "failed", "in", "batches"] {
-            assert!(b["frames"][k].as_u64() >= a["frames"][k].as_u64(), "frames.{k} went down");
-        }
-        assert!(b["uptime_s"].as_f64() > a["uptime_s"].as_f64());
+        let (a, b) = (w[0].parse::<Telemetry>().frames, w[1].parse::<Telemetry>().frames);
+        let grew = b.ok >= a.ok && b.failed >= a.failed && b.frames_in >= a.frames_in && b.batches >= a.batches;
+        assert!(grew, "frames went down: {a:?} -> {b:?}");
+        assert!(w[1].parse::<Telemetry>().uptime_s > w[0].parse::<Telemetry>().uptime_s);
     }
-    let last = tel.last().unwrap().json();
-    for k in ["decode", "infer", "post"] {
-        assert!(last["latency_ms"][k]["p99"].as_f64().unwrap() >= last["latency_ms"][k]["p50"].as_f64().unwrap());
+    let last: Telemetry = tel.last().unwrap().parse();
+    let l = last.latency_ms;
+    for (k, p) in [("decode", l.decode), ("infer", l.infer), ("post", l.post)] {
+        assert!(p.p99 >= p.p50, "{k}: {p:?}");
     }
-    assert!(last["process_memory"]["rss"].as_u64().unwrap() > 0);
-    assert!(last["device_memory"]["total"].as_u64().unwrap() > 0);
-    assert_eq!(last["batch"]["startup"], 4);
+    assert!(last.process_memory.rss.unwrap() > 0);
+    assert!(last.device_memory.total.unwrap() > 0);
+    assert_eq!(last.batch.startup, 4);
 
     // retained status and info, seen by a late subscriber
     let late = Collector::start(broker.port, "yolo-edge/box-1/+", ClientOpts::default());
     wait_until(Duration::from_secs(10), "retained status+info", || late.on("/status").len() == 1 && late.on("/info").len() == 1);
     let st = &late.on("/status")[0];
-    assert!(st.retain && st.text() == "online");
-    let info = late.on("/info")[0].json();
+    assert!(st.retain && st.status() == Status::Online);
+    let info: Info = late.on("/info")[0].parse();
     assert!(late.on("/info")[0].retain);
-    assert_eq!(info["model"]["classes"], serde_json::json!(["ball"]));
-    assert_eq!(info["model"]["sha256"].as_str().unwrap().len(), 64);
-    assert_eq!(info["device"], "cpu");
-    assert_eq!(info["dtype"], "f32");
-    assert_eq!(info["batch_plan"]["startup"], 4);
-    assert_eq!(info["config_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(info.model.classes, ["ball"]);
+    assert_eq!(info.model.sha256.len(), 64);
+    assert_eq!(info.device, "cpu");
+    assert_eq!(info.dtype, "f32");
+    assert_eq!(info.batch_plan.startup, 4);
+    assert_eq!(info.config_sha256.len(), 64);
+    assert_eq!(info.sources, ["cam"]);
 
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0), "exit code; log:\n{}", agent.log());
-    wait_until(Duration::from_secs(10), "offline", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+    wait_until(Duration::from_secs(10), "offline", || col.on("/status").last().is_some_and(|m| m.status() == Status::Offline));
+    // every message on every topic parsed into its type, and each type was seen
+    let kinds = col.assert_all_typed();
+    for k in ["Detections", "Telemetry", "Info", "Status"] {
+        assert!(kinds.get(k).is_some_and(|&n| n > 0), "no {k} message: {kinds:?}");
+    }
+    late.assert_all_typed();
 }
 
 #[test]
@@ -114,14 +122,14 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     let cfg = tmp.path().join("agent.toml");
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     let jpeg = small_jpeg("horses.jpg", 64);
     let names = drop_images(&conf.input, 0, 2000, &jpeg);
     // the highest seq the subscriber had seen when each stop began
     let mut seen_at_stop: Vec<u64> = Vec::new();
     for (round, at) in [(1, 400usize), (2, 1100)] {
         wait_until(Duration::from_secs(600), "progress before broker stop", || col.detections().len() >= at);
-        seen_at_stop.push(col.detections().iter().filter_map(|m| m.json()["seq"].as_u64()).max().unwrap_or(0));
+        seen_at_stop.push(col.detections().iter().map(|m| m.parse::<Detections>().seq).max().unwrap_or(0));
         broker.stop();
         // the agent keeps processing into its spool meanwhile
         let done_before = files_in(&conf.input.join("done")).len();
@@ -142,7 +150,7 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     // within LOST_AT_STOP after the subscriber's highest seq when a stop began. A gap anywhere
     // else (the agent's side) fails, and the missing ones are listed. Duplicates must carry the
     // same picture, and first arrivals must be in order.
-    let distinct = || col.detections().iter().map(|m| m.json()["seq"].as_u64().unwrap()).collect::<BTreeSet<_>>();
+    let distinct = || col.detections().iter().map(|m| m.parse::<Detections>().seq).collect::<BTreeSet<_>>();
     let t0 = std::time::Instant::now();
     while distinct().len() < 2000 && t0.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(200));
@@ -157,12 +165,13 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     assert_eq!(check_seq_partial(&dets).len(), got.len());
     let seen: BTreeSet<String> = dets.iter().map(image_name).collect();
     assert_eq!(seen.len(), got.len(), "one picture per seq");
-    let tel = col.on("/telemetry").last().unwrap().json();
-    assert!(tel["mqtt"]["reconnects"].as_u64().unwrap() >= 2, "{tel}");
-    assert!(tel["mqtt"]["spooled_total"].as_u64().unwrap() >= 100, "{tel}");
+    let tel: Telemetry = col.on("/telemetry").last().unwrap().parse();
+    assert!(tel.mqtt.reconnects >= 2, "{tel:?}");
+    assert!(tel.mqtt.spooled_total >= 100, "{tel:?}");
     eprintln!("duplicates delivered: {}", dets.len() - 2000);
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
 }
 
 #[test]
@@ -174,14 +183,14 @@ fn sigterm_mid_run_loses_nothing_and_publishes_offline() {
     let cfg = tmp.path().join("agent.toml");
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     let names = drop_images(&conf.input, 0, 400, &small_jpeg("horses.jpg", 96));
     wait_until(T, "some detections", || col.detections().len() >= 60);
     let t = Instant::now();
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0), "log:\n{}", agent.log());
     assert!(t.elapsed() < Duration::from_secs(20), "exit within grace");
-    wait_until(Duration::from_secs(10), "offline", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+    wait_until(Duration::from_secs(10), "offline", || col.on("/status").last().is_some_and(|m| m.status() == Status::Offline));
     std::thread::sleep(Duration::from_millis(300));
     let left = files_in(&conf.input);
     let done = files_in(&conf.input.join("done"));
@@ -189,7 +198,7 @@ fn sigterm_mid_run_loses_nothing_and_publishes_offline() {
     let all: BTreeSet<String> = left.iter().chain(done.iter()).cloned().collect();
     assert_eq!(all.len(), left.len() + done.len(), "a file is in one place only");
     assert_eq!(all, names.iter().cloned().collect(), "no file lost");
-    let published: BTreeSet<String> = col.detections().iter().map(|m| image_name(&m.json())).collect();
+    let published: BTreeSet<String> = col.detections().iter().map(|m| image_name(&m.parse())).collect();
     let spooled = std::fs::read_dir(&conf.spool).map(|d| d.count()).unwrap_or(0);
     for f in &done {
         assert!(published.contains(f) || spooled > 0, "{f} in done/ but neither published nor spooled");
@@ -206,21 +215,21 @@ fn sigkill_mid_run_then_restart_every_file_done_once_and_published() {
     let cfg = tmp.path().join("agent.toml");
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    wait_until(T, "status online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     let names = drop_images(&conf.input, 0, 400, &small_jpeg("horses.jpg", 96));
     wait_until(T, "some detections", || col.detections().len() >= 80);
     agent.signal(libc::SIGKILL);
     assert_eq!(agent.wait(Duration::from_secs(10)), None, "killed by signal");
-    wait_until(Duration::from_secs(10), "LWT offline", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+    wait_until(Duration::from_secs(10), "LWT offline", || col.on("/status").last().is_some_and(|m| m.status() == Status::Offline));
     assert!(!files_in(&conf.input).is_empty(), "killed before the end of the run");
     let mut agent = Agent::spawn(&cfg, &[]);
     wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() >= 400);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(files_in(&conf.input.join("done")), names, "every file exactly once in done/");
     wait_until(T, "every image published at least once", || {
-        col.detections().iter().map(|m| image_name(&m.json())).collect::<BTreeSet<_>>().len() == 400
+        col.detections().iter().map(|m| image_name(&m.parse())).collect::<BTreeSet<_>>().len() == 400
     });
-    let boots: BTreeSet<String> = col.detections().iter().map(|m| m.json()["boot_id"].as_str().unwrap().to_string()).collect();
+    let boots: BTreeSet<String> = col.detections().iter().map(|m| m.parse::<Detections>().boot_id).collect();
     assert_eq!(boots.len(), 2, "two boots");
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
@@ -241,7 +250,7 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
     wait_until(T, "info", || !col.on("/info").is_empty());
-    let sha0 = col.on("/info").last().unwrap().json()["config_sha256"].as_str().unwrap().to_string();
+    let sha0 = col.on("/info").last().unwrap().parse::<Info>().config_sha256;
 
     // valid edit: thresholds + telemetry interval, applied live
     conf.conf = 0.6;
@@ -249,16 +258,16 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     conf.write(&cfg);
     wait_until(T, "config_applied", || !col.events("config_applied").is_empty());
     let ev = &col.events("config_applied")[0];
-    let changed: Vec<&str> = ev["changed"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
-    assert!(changed.contains(&"model.thresholds") && changed.contains(&"telemetry"), "{ev}");
-    wait_until(T, "info republished with the new config", || col.on("/info").last().unwrap().json()["config_sha256"] != sha0.as_str());
+    let EventBody::ConfigApplied { changed, .. } = ev else { unreachable!() };
+    assert!(changed.iter().any(|c| c == "model.thresholds") && changed.iter().any(|c| c == "telemetry"), "{ev:?}");
+    wait_until(T, "info republished with the new config", || col.on("/info").last().unwrap().parse::<Info>().config_sha256 != sha0);
 
     // invalid edit: rejected with file/line/key, old config keeps running
     let good = conf.toml();
     write_atomic(&cfg, &good.replace("conf = 0.6", "conf = 7.5"));
     wait_until(T, "config_rejected", || !col.events("config_rejected").is_empty());
-    let rej = &col.events("config_rejected")[0];
-    let err = rej["error"].as_str().unwrap();
+    let EventBody::ConfigRejected { error: err, running_sha256, .. } = &col.events("config_rejected")[0] else { unreachable!() };
+    assert_eq!(running_sha256.len(), 64);
     assert!(err.contains("agent.toml:") && err.contains("model.conf") && err.contains("out of range"), "{err}");
     assert!(agent.alive());
 
@@ -269,13 +278,13 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     conf.write(&cfg);
     wait_until(T, "model_reloaded", || !col.events("model_reloaded").is_empty());
     let rl = &col.events("model_reloaded")[0];
-    assert!(rl["path"].as_str().unwrap().ends_with("m2.pt"), "{rl}");
+    assert!(matches!(rl, EventBody::ModelReloaded { path, .. } if path.ends_with("m2.pt")), "{rl:?}");
     wait_until(T, "300 detections", || col.detections().len() >= 300);
     wait_until(T, "all files in done/", || files_in(&conf.input.join("done")).len() == 300);
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     check_seq(&dets, 300);
     assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names);
-    wait_until(T, "info names the new model", || col.on("/info").last().unwrap().json()["model"]["path"].as_str().unwrap().ends_with("m2.pt"));
+    wait_until(T, "info names the new model", || col.on("/info").last().unwrap().parse::<Info>().model.path.ends_with("m2.pt"));
     // a broken model path is rejected and the running model stays
     write_atomic(&cfg, &conf.toml().replace("m2.pt", "missing.pt"));
     wait_until(T, "second config_rejected", || col.events("config_rejected").len() >= 2);
@@ -283,6 +292,8 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     wait_until(T, "agent still detects", || col.detections().len() >= 305);
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    let kinds = col.assert_all_typed();
+    assert!(kinds.get("Event").is_some_and(|&n| n >= 4), "{kinds:?}");
 }
 
 /// CA + server certificate for 127.0.0.1/localhost, written as PEM files; returns the CA PEM.
@@ -355,10 +366,10 @@ fn tls_username_password_acl_wrong_credentials_refused_and_reported() {
     write_atomic(&cfg, &format!("{}\n# password rotated\n", conf.toml()));
     wait_until(T, "20 detections over TLS", || col.detections().len() >= 20);
     wait_until(T, "mqtt_refused event delivered once connected", || !col.events("mqtt_refused").is_empty());
-    assert_eq!(col.events("mqtt_refused")[0]["auth"], true);
+    assert!(matches!(col.events("mqtt_refused")[0], EventBody::MqttRefused { auth: true, .. }));
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     check_seq(&dets, 20);
-    assert!(col.on("/status").iter().any(|m| m.text() == "online"));
+    assert!(col.on("/status").iter().any(|m| m.status() == Status::Online));
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
@@ -373,7 +384,7 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     let cfg = tmp.path().join("agent.toml");
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     let good = small_jpeg("horses.jpg", 96);
     let dir = &conf.input;
     std::fs::write(dir.join("a-empty.jpg"), b"").unwrap();
@@ -399,10 +410,19 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
         assert!(!reason.trim().is_empty());
     }
     let rej = col.events("input_rejected");
-    let reasons: Vec<String> = rej.iter().map(|e| e["reason"].as_str().unwrap().to_string()).collect();
+    let reasons: Vec<String> = rej
+        .iter()
+        .map(|e| match e {
+            EventBody::InputRejected { reason, .. } => reason.clone(),
+            _ => unreachable!(),
+        })
+        .collect();
     assert!(reasons.iter().any(|r| r.contains("empty")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("limit")), "{reasons:?}");
-    assert!(rej.iter().any(|e| e["source"] == "door" && e["image"]["id"].is_string()), "{rej:?}");
+    let from_door = |e: &EventBody| {
+        matches!(e, EventBody::InputRejected { source: Some(s), image: Some(ImageName::Id { .. }), .. } if s == "door")
+    };
+    assert!(rej.iter().any(from_door), "{rej:?}");
     let door: Vec<_> = col.detections().into_iter().filter(|m| m.topic.ends_with("/detections/door")).collect();
     assert_eq!(door.len(), 1);
     check_detection(&door[0], "box-1");
@@ -417,11 +437,12 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     drop_images(&conf.input, 10, 1, &good);
     wait_until(T, "agent keeps running", || col.detections().len() >= 4);
     wait_until(T, "telemetry counts failures", || {
-        col.on("/telemetry").last().is_some_and(|m| m.json()["frames"]["failed"].as_u64().unwrap() >= 7)
+        col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().frames.failed >= 7)
     });
     assert!(agent.alive());
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
 }
 
 #[test]
@@ -441,40 +462,43 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
     wait_until(T, "info", || !col.on("/info").is_empty());
-    let info = col.on("/info")[0].json();
-    let bp = &info["batch_plan"];
-    let plan = &bp["plan"];
-    assert!(plan.is_object(), "the planner ran: {bp}");
-    let chosen = plan["batch"].as_u64().unwrap();
-    assert_eq!(bp["startup"].as_u64(), Some(chosen));
-    assert!((1..16).contains(&chosen), "the memory limit, not max_batch, decides: {plan}");
-    let budget = plan["budget"]["bytes"].as_f64().unwrap();
-    let expect = (40.0 * 1048576.0f64).min(plan["budget"]["free"].as_f64().unwrap()) * 0.8;
+    let info: Info = col.on("/info")[0].parse();
+    let bp = &info.batch_plan;
+    let plan = bp.plan.as_ref().unwrap_or_else(|| panic!("the planner ran: {bp:?}"));
+    let chosen = plan.batch as u64;
+    assert_eq!(bp.startup, chosen);
+    assert!((1..16).contains(&chosen), "the memory limit, not max_batch, decides: {plan:?}");
+    let budget = plan.budget.bytes as f64;
+    let expect = (40.0 * 1048576.0f64).min(plan.budget.free as f64) * 0.8;
     assert!((budget - expect).abs() < 2.0, "budget = min(free, limit) x fraction: {budget} vs {expect}");
-    let verified = plan["verified_peak"].as_f64().unwrap();
-    assert!(verified > 0.0 && verified <= budget, "verified peak within the budget: {plan}");
-    let steps = plan["steps"].as_array().unwrap();
-    let probes: Vec<u64> = steps.iter().filter(|s| s["purpose"] == "probe").map(|s| s["batch"].as_u64().unwrap()).collect();
+    let verified = plan.verified_peak;
+    assert!(verified > 0 && verified as f64 <= budget, "verified peak within the budget: {plan:?}");
+    let steps = &plan.steps;
+    let probes: Vec<usize> = steps.iter().filter(|s| s.purpose == "probe").map(|s| s.batch).collect();
     assert_eq!(probes, [1, 2, 4], "{steps:?}");
-    assert!(steps.iter().any(|s| s["purpose"] == "verify" && s["batch"].as_u64() == Some(chosen) && s["outcome"] == "ok"), "the chosen batch was verified: {steps:?}");
-    assert!(steps.iter().all(|s| s["outcome"] != "ok" || s["batch"].as_u64().unwrap() <= chosen), "no batch larger than the chosen one fitted: {steps:?}");
-    assert!(!plan["reasons"].as_array().unwrap().is_empty());
-    assert!(bp["reason"].as_str().unwrap().starts_with("planned"), "{bp}");
+    let verified_chosen = steps.iter().any(|s| s.purpose == "verify" && s.batch as u64 == chosen && s.outcome == "ok");
+    assert!(verified_chosen, "the chosen batch was verified: {steps:?}");
+    assert!(steps.iter().all(|s| s.outcome != "ok" || s.batch as u64 <= chosen), "no batch larger than the chosen one fitted: {steps:?}");
+    assert!(!plan.reasons.is_empty());
+    assert!(bp.reason.starts_with("planned"), "{bp:?}");
     assert!(agent.log().contains("batch plan"), "the decision is logged");
 
     let names = drop_images(&conf.input, 0, 40, &small_jpeg("horses.jpg", 64));
     wait_until(T, "40 detections", || col.detections().len() >= 40);
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "every frame once, in order");
-    assert!(dets.iter().all(|d| d["batch_size"].as_u64().unwrap() <= chosen), "batches at most the planned size");
-    wait_until(T, "telemetry with the plan", || col.on("/telemetry").last().is_some_and(|m| m.json()["batch"]["verified_peak"].as_f64().is_some()));
-    let tel = col.on("/telemetry").last().unwrap().json();
-    assert_eq!(tel["batch"]["startup"].as_u64(), Some(chosen));
-    assert_eq!(tel["batch"]["verified_peak"].as_f64(), Some(verified));
-    assert!(tel["process_memory"]["high_water"].as_u64().unwrap() >= tel["process_memory"]["used"].as_u64().unwrap() / 2);
-    assert!(tel["device_memory"]["total"].as_u64().unwrap() > 0);
+    assert!(dets.iter().all(|d| d.batch_size as u64 <= chosen), "batches at most the planned size");
+    wait_until(T, "telemetry with the plan", || {
+        col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().batch.verified_peak.is_some())
+    });
+    let tel: Telemetry = col.on("/telemetry").last().unwrap().parse();
+    assert_eq!(tel.batch.startup, chosen);
+    assert_eq!(tel.batch.verified_peak, Some(verified));
+    assert!(tel.process_memory.high_water.unwrap() >= tel.process_memory.used.unwrap() / 2);
+    assert!(tel.device_memory.total.unwrap() > 0);
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
 }
 
 /// A broker, a collector on all of the agent's topics, and an agent at startup batch `batch`
@@ -491,7 +515,7 @@ fn start_injected(dir: &std::path::Path, batch: usize, inject: &str) -> Option<(
     let cfg = dir.join("agent.toml");
     conf.write(&cfg);
     let agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     Some((broker, col, conf, agent))
 }
 
@@ -516,7 +540,7 @@ fn feed_until_recovered(col: &Collector, conf: &AgentConf, start: usize, startup
 /// Drops `n` pictures into an agent started by [`start_injected`], feeds more until it is back at
 /// `startup`, and checks that every frame's detection arrived exactly once and in order; returns
 /// the detections.
-fn run_through_fallback(col: &Collector, conf: &AgentConf, n: usize, startup: u64) -> Vec<serde_json::Value> {
+fn run_through_fallback(col: &Collector, conf: &AgentConf, n: usize, startup: u64) -> Vec<Detections> {
     let jpeg = small_jpeg("horses.jpg", 64);
     let mut names = drop_images(&conf.input, 0, n, &jpeg);
     wait_until(T, "the first detections", || col.detections().len() >= n);
@@ -533,7 +557,13 @@ fn run_through_fallback(col: &Collector, conf: &AgentConf, n: usize, startup: u6
 
 /// The (from, to) pairs of the agent's `batch_change` events, in order.
 fn batch_changes(col: &Collector) -> Vec<(u64, u64)> {
-    col.events("batch_change").iter().map(|e| (e["from"].as_u64().unwrap(), e["to"].as_u64().unwrap())).collect()
+    col.events("batch_change")
+        .iter()
+        .map(|e| match e {
+            EventBody::BatchChange { from, to, .. } => (*from as u64, *to as u64),
+            _ => unreachable!(),
+        })
+        .collect()
 }
 
 #[test]
@@ -541,20 +571,22 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     let tmp = tempfile::tempdir().unwrap();
     let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 8, "batch>=4;until=120") else { return };
     let dets = run_through_fallback(&col, &conf, 300, 8);
-    let sizes: Vec<u64> = dets.iter().map(|v| v["batch_size"].as_u64().unwrap()).collect();
+    let sizes: Vec<u64> = dets.iter().map(|v| v.batch_size as u64).collect();
     let first8 = sizes.iter().position(|&b| b == 8);
     let first2 = sizes.iter().position(|&b| b == 2).expect("batches of 2 after the fallback");
     assert!(sizes[..first2].iter().all(|&b| b < 4), "no batch >= 4 succeeded while injecting: {sizes:?}");
     assert!(first8.is_some_and(|i| i > first2), "recovered to batch 8 after the injector stopped: {sizes:?}");
     let ooms = col.events("oom_fallback");
-    assert!(ooms.iter().any(|e| e["batch"] == 8) && ooms.iter().any(|e| e["batch"] == 4), "{ooms:?}");
+    let oom_at = |b: usize| ooms.iter().any(|e| matches!(e, EventBody::OomFallback { batch, .. } if *batch == b));
+    assert!(oom_at(8) && oom_at(4), "{ooms:?}");
     let changes = batch_changes(&col);
     assert!(changes.contains(&(8, 4)) && changes.contains(&(4, 2)), "halving: {changes:?}");
     assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 8)), "recovery one step at a time: {changes:?}");
     let tel = col.on("/telemetry");
-    assert!(tel.last().unwrap().json()["batch"]["oom_fallbacks"].as_u64().unwrap() >= 2);
+    assert!(tel.last().unwrap().parse::<Telemetry>().batch.oom_fallbacks >= 2);
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
 }
 
 /// An odd startup batch: the working batch after a fallback is the larger half, so that doubling
@@ -567,7 +599,7 @@ fn oom_fallback_from_an_odd_batch_recovers_to_it() {
     let changes = batch_changes(&col);
     assert!(changes.contains(&(5, 3)) && changes.contains(&(3, 2)), "larger half kept: {changes:?}");
     assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 5)), "back to the startup batch: {changes:?}");
-    let sizes: Vec<u64> = dets.iter().map(|v| v["batch_size"].as_u64().unwrap()).collect();
+    let sizes: Vec<u64> = dets.iter().map(|v| v.batch_size as u64).collect();
     // the injector fails batches of 3 or more until 60 frames are done; then full batches again
     // (a trailing partial batch may be smaller, so "after the last small batch" is not the test)
     assert!(sizes[..50].iter().all(|&b| b < 3), "no batch >= 3 succeeded while injecting: {sizes:?}");
@@ -607,7 +639,7 @@ fn bench_agent_vs_model_only() {
     let cfg = tmp.path().join("agent.toml");
     std::fs::write(&cfg, conf.toml().replace("imgsz = 160", &format!("imgsz = {imgsz}")).replace("max_wait_ms = 20", "max_wait_ms = 50")).unwrap();
     let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "online", || col.on("/status").iter().any(|m| m.text() == "online"));
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     // stage the files first, then move them in at once
     let stage = tmp.path().join("stage");
     std::fs::create_dir_all(&stage).unwrap();
@@ -696,22 +728,23 @@ fn demo_publishes_to_a_named_broker() {
     assert!(r.stdout.contains("  pictures    3 written, 3 reported, 0 failed"), "{all}");
     assert!(r.stdout.contains("  batch       2 (fixed by config"), "{all}");
     // the test's own subscriber got the same detections through Mosquitto
-    wait_until(Duration::from_secs(10), "offline status", || col.on("/status").last().is_some_and(|m| m.text() == "offline"));
+    wait_until(Duration::from_secs(10), "offline status", || col.on("/status").last().is_some_and(|m| m.status() == Status::Offline));
     let msgs = col.detections();
     let device_id = msgs.first().map(|m| m.topic.split('/').nth(1).unwrap().to_string()).expect("no detections");
     assert!(device_id.starts_with("demo-"), "{device_id}");
     let dets: Vec<_> = msgs.iter().map(|m| check_detection(m, &device_id)).collect();
     let seen: BTreeSet<String> = dets.iter().map(image_name).collect();
     assert_eq!(seen, ["sample-01.png", "sample-02.png", "sample-03.png"].map(String::from).into_iter().collect::<BTreeSet<_>>(), "{all}");
-    let labels: BTreeSet<String> = dets.iter().flat_map(|v| v["detections"].as_array().unwrap().iter().map(|d| d["label"].as_str().unwrap().to_string())).collect();
+    let labels: BTreeSet<String> = dets.iter().flat_map(|v| v.detections.iter().map(|d| d.label.clone())).collect();
     assert!(labels.iter().all(|l| ["circle", "square", "triangle", "star", "ring"].contains(&l.as_str())), "{labels:?}");
     assert!(labels.len() >= 4, "classes seen: {labels:?}");
     for v in &dets {
-        assert!(!v["detections"].as_array().unwrap().is_empty(), "{v}");
-        assert_eq!(v["batch_size"].as_u64().map(|b| b <= 2), Some(true), "{v}");
+        assert!(!v.detections.is_empty(), "{v:?}");
+        assert!(v.batch_size <= 2, "{v:?}");
     }
-    let info = col.on("/info").last().unwrap().json();
-    assert_eq!(info["model"]["classes"], serde_json::json!(["circle", "square", "triangle", "star", "ring"]));
+    let info: Info = col.on("/info").last().unwrap().parse();
+    assert_eq!(info.model.classes, ["circle", "square", "triangle", "star", "ring"]);
+    col.assert_all_typed();
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod events;
+pub mod messages;
 pub mod mqtt;
 pub mod pipeline;
 pub mod publisher;
@@ -24,6 +25,7 @@ use tokio::sync::{mpsc, watch};
 use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
 use crate::detector::Detector;
 use crate::agent::events::EventSink;
+use messages::{BatchPlan, EventBody, ModelInfo, PlanReport};
 use crate::agent::pipeline::{Control, ModelMeta, Pipeline};
 use publisher::PublisherParts;
 use crate::agent::sources::{folder, mqtt as mqtt_source};
@@ -203,30 +205,35 @@ async fn run_async(
         let boot = boot.clone();
         let dev_name = crate::backend::device::device_name(&device);
         let started = publisher::now_ts();
+        let plan = decision.plan.as_ref().map(PlanReport::from);
+        let warm = warm.as_ref().map(messages::StartupTimes::from);
         Box::new(move || {
             let c = cfg_rx.borrow().clone();
             let m: ModelMeta = model_meta.read().map(|m| m.clone()).unwrap_or_else(|e| e.into_inner().clone());
-            serde_json::json!({
-                "v": 1,
-                "device_id": c.mqtt.device_id,
-                "boot_id": boot,
-                "version": env!("CARGO_PKG_VERSION"),
-                "started": started,
-                "model": {"variant": m.variant, "classes": m.names, "nc": m.nc, "sha256": m.sha256, "path": m.path, "label": m.label},
-                "device": dev_name,
-                "dtype": crate::backend::device::dtype_name(dtype),
-                "imgsz": c.device.imgsz,
-                "batch_plan": {
-                    "startup": stats.batch_startup.load(Relaxed), "current": stats.batch_current.load(Relaxed),
-                    "max_batch": c.device.max_batch, "reason": batch_reason,
-                    "memory_fraction": c.device.memory_fraction, "memory_limit": c.device.memory_limit,
-                    "plan": decision.plan,
+            messages::Info {
+                v: messages::VERSION,
+                device_id: c.mqtt.device_id.clone(),
+                boot_id: boot.clone(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                started: started.clone(),
+                model: ModelInfo { variant: m.variant, classes: m.names, nc: m.nc, sha256: m.sha256, path: m.path, label: m.label },
+                device: dev_name.clone(),
+                dtype: crate::backend::device::dtype_name(dtype).to_string(),
+                imgsz: c.device.imgsz,
+                batch_plan: BatchPlan {
+                    startup: stats.batch_startup.load(Relaxed),
+                    current: stats.batch_current.load(Relaxed),
+                    max_batch: c.device.max_batch,
+                    reason: batch_reason.clone(),
+                    memory_fraction: c.device.memory_fraction,
+                    memory_limit: c.device.memory_limit,
+                    plan: plan.clone(),
                 },
-                "startup": warm,
-                "config_sha256": c.sha256,
-                "sources": c.sources.iter().map(|s| s.id().to_string()).collect::<Vec<_>>(),
-                "protocol": c.mqtt.protocol,
-            })
+                startup: warm.clone(),
+                config_sha256: c.sha256.clone(),
+                sources: c.sources.iter().map(|s| s.id().to_string()).collect(),
+                protocol: c.mqtt.protocol.into(),
+            }
         })
     };
 
@@ -352,7 +359,8 @@ async fn watch_config(
             Ok(c) => c,
             Err(e) => {
                 stats.config_rejected.fetch_add(1, Relaxed);
-                events.emit("config_rejected", serde_json::json!({"path": path, "error": e, "running_sha256": old.sha256}));
+                let running_sha256 = old.sha256.clone();
+                events.emit(EventBody::ConfigRejected { path: path.to_string_lossy().into_owned(), error: e, running_sha256 });
                 continue;
             }
         };
@@ -383,7 +391,11 @@ async fn watch_config(
                 }
                 Ok(Err(e)) => {
                     stats.config_rejected.fetch_add(1, Relaxed);
-                    events.emit("config_rejected", serde_json::json!({"path": path, "error": e.to_string(), "running_sha256": old.sha256}));
+                    events.emit(EventBody::ConfigRejected {
+                        path: path.to_string_lossy().into_owned(),
+                        error: e.to_string(),
+                        running_sha256: old.sha256.clone(),
+                    });
                     continue;
                 }
                 Err(e) => {
@@ -396,7 +408,12 @@ async fn watch_config(
         stats.config_applied.fetch_add(1, Relaxed);
         let sha = applied.sha256.clone();
         cfg_tx.send_replace(Arc::new(applied));
-        events.emit("config_applied", serde_json::json!({"path": path, "sha256": sha, "changed": changed, "restart_required": restart}));
+        events.emit(EventBody::ConfigApplied {
+            path: path.to_string_lossy().into_owned(),
+            sha256: sha,
+            changed: changed.into_iter().map(String::from).collect(),
+            restart_required: restart.into_iter().map(String::from).collect(),
+        });
     }
 }
 

@@ -6,6 +6,7 @@ use rumqttc::{Outgoing, QoS, TlsConfiguration, Transport};
 use tokio::sync::mpsc;
 
 use crate::agent::config::{MqttConfig, Protocol};
+use crate::agent::messages::Status;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MqttError {
@@ -99,7 +100,7 @@ pub fn connect(cfg: &MqttConfig, cap: usize, gen: u64, events: mpsc::Sender<(u64
                 .set_clean_session(true)
                 .set_inflight(inflight)
                 .set_max_packet_size(256 << 20, 256 << 20)
-                .set_last_will(rumqttc::LastWill::new(status, "offline", QoS::AtLeastOnce, true))
+                .set_last_will(rumqttc::LastWill::new(status, Status::Offline.as_payload(), QoS::AtLeastOnce, true))
                 .set_transport(transport(cfg));
             if let Some(u) = &cfg.username {
                 o.set_credentials(u, cfg.password.clone().unwrap_or_default());
@@ -115,7 +116,7 @@ pub fn connect(cfg: &MqttConfig, cap: usize, gen: u64, events: mpsc::Sender<(u64
                 .set_clean_start(true)
                 .set_outgoing_inflight_upper_limit(inflight)
                 .set_max_packet_size(Some(256 << 20))
-                .set_last_will(LastWill::new(status, "offline", rumqttc::v5::mqttbytes::QoS::AtLeastOnce, true, None))
+                .set_last_will(LastWill::new(status, Status::Offline.as_payload(), rumqttc::v5::mqttbytes::QoS::AtLeastOnce, true, None))
                 .set_transport(transport(cfg));
             if let Some(u) = &cfg.username {
                 o.set_credentials(u, cfg.password.clone().unwrap_or_default());

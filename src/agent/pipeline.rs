@@ -16,6 +16,7 @@ use crate::agent::config::Config;
 use crate::detector::Detector;
 use crate::agent::events::EventSink;
 use crate::backend::oom::{is_oom, OomInjector};
+use crate::agent::messages::{BatchChangeReason, EventBody, InputStage, OomAction};
 use crate::vision::postprocess::Detection;
 use crate::vision::preprocess::{self, DecodeLimits, Letterboxed};
 use crate::agent::telemetry::{Stage, Stats};
@@ -125,7 +126,7 @@ pub enum Outcome {
     },
     Failed {
         job: Job,
-        stage: &'static str,
+        stage: InputStage,
         reason: String,
     },
 }
@@ -320,7 +321,7 @@ impl Worker {
             for d in items {
                 self.stats.record(Stage::Decode, d.ms);
                 let outcome = match d.result {
-                    Err(reason) => Outcome::Failed { job: d.job, stage: "decode", reason },
+                    Err(reason) => Outcome::Failed { job: d.job, stage: InputStage::Decode, reason },
                     Ok(lb) => match out.pop_front() {
                         Some(Ok((detections, batch_size, infer_ms))) => Outcome::Detected {
                             job: d.job,
@@ -332,8 +333,8 @@ impl Worker {
                             detections,
                             model: label.clone(),
                         },
-                        Some(Err(reason)) => Outcome::Failed { job: d.job, stage: "infer", reason },
-                        None => Outcome::Failed { job: d.job, stage: "infer", reason: "no result".into() },
+                        Some(Err(reason)) => Outcome::Failed { job: d.job, stage: InputStage::Infer, reason },
+                        None => Outcome::Failed { job: d.job, stage: InputStage::Infer, reason: "no result".into() },
                     },
                 };
                 self.stats.q_results.fetch_add(1, Relaxed);
@@ -372,7 +373,14 @@ impl Worker {
                     tracing::warn!(error = %te, "could not trim the memory pool after out-of-memory");
                 }
                 if n == 1 {
-                    self.events.emit("oom_fallback", serde_json::json!({"batch": 1, "action": "frame_failed", "error": err}));
+                    self.events.emit(EventBody::OomFallback {
+                        batch: 1,
+                        action: Some(OomAction::FrameFailed),
+                        retry_as: None,
+                        batch_before: None,
+                        batch_after: None,
+                        error: err.clone(),
+                    });
                     out.push_back(Err(format!("out of memory at batch 1: {err}")));
                     return;
                 }
@@ -381,9 +389,14 @@ impl Worker {
                 // the larger half (ceil), so that doubling back up reaches an odd startup batch
                 // (75 -> 38 -> 76, capped at 75) instead of stopping one short (75 -> 37 -> 74)
                 self.set_batch(self.current.min(n - half).max(1));
-                self.events.emit("oom_fallback", serde_json::json!({
-                    "batch": n, "retry_as": [n - half, half], "batch_before": old, "batch_after": self.current, "error": err,
-                }));
+                self.events.emit(EventBody::OomFallback {
+                    batch: n,
+                    action: None,
+                    retry_as: Some([n - half, half]),
+                    batch_before: Some(old),
+                    batch_after: Some(self.current),
+                    error: err,
+                });
                 let (a, b) = frames.split_at(n - half);
                 self.infer(a, out);
                 self.infer(b, out);
@@ -397,8 +410,8 @@ impl Worker {
 
     fn set_batch(&mut self, b: usize) {
         if b != self.current {
-            self.events.emit("batch_change", serde_json::json!({"from": self.current, "to": b, "startup": self.startup,
-                "reason": if b < self.current { "oom" } else { "probe" }}));
+            let reason = if b < self.current { BatchChangeReason::Oom } else { BatchChangeReason::Probe };
+            self.events.emit(EventBody::BatchChange { from: self.current, to: b, startup: self.startup, reason });
             self.current = b;
             self.last_change = Instant::now();
             self.stats.batch_current.store(b as u64, Relaxed);
@@ -419,7 +432,7 @@ impl Worker {
         match meter.trim() {
             Ok(()) => {
                 let after = meter.usage().map(|u| u.reserved).ok();
-                self.events.emit("memory_released", serde_json::json!({"idle_s": idle.as_secs_f64(), "reserved_before": before, "reserved_after": after}));
+                self.events.emit(EventBody::MemoryReleased { idle_s: idle.as_secs_f64(), reserved_before: before, reserved_after: after });
             }
             Err(e) => tracing::warn!(error = %e, "could not release idle pool memory"),
         }
@@ -445,6 +458,6 @@ impl Worker {
             *m = meta.clone();
         }
         self.stats.model_reloads.fetch_add(1, Relaxed);
-        self.events.emit("model_reloaded", serde_json::json!({"from": old_meta.label, "to": meta.label, "path": meta.path, "sha256": meta.sha256}));
+        self.events.emit(EventBody::ModelReloaded { from: old_meta.label, to: meta.label, path: meta.path, sha256: meta.sha256 });
     }
 }

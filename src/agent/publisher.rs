@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::config::Config;
-use crate::agent::events::{AgentEvent, EventSink};
+use crate::agent::events::EventSink;
+use crate::agent::messages::{self, EventBody, FrameImage, FrameLatency, ImageName, InputStage, MemoryBudget, Status};
 use crate::agent::mqtt::{self, Client, ConnEvent};
 use crate::agent::pipeline::{Completion, ImageRef, Outcome};
 use crate::agent::sources::mqtt::Incoming;
@@ -60,12 +61,13 @@ struct InFlight {
 pub struct PublisherParts {
     pub cfg: watch::Receiver<Arc<Config>>,
     pub results: mpsc::Receiver<Outcome>,
-    pub events_rx: mpsc::Receiver<AgentEvent>,
+    pub events_rx: mpsc::Receiver<EventBody>,
     pub events: EventSink,
     pub stats: Arc<Stats>,
     pub spool: Spool,
     pub boot_id: String,
-    pub info: Box<dyn Fn() -> serde_json::Value + Send>,
+    /// Builds the retained `info` message (published on connect and after info-changing events).
+    pub info: Box<dyn Fn() -> messages::Info + Send>,
     pub memory: Arc<dyn MemorySource>,
     pub images: mpsc::Sender<Incoming>,
     pub image_filters: Vec<String>,
@@ -270,10 +272,10 @@ impl Publisher {
                 }
                 tracing::info!("MQTT connected");
                 let status = self.topic("status");
-                let info = serde_json::to_vec(&(self.p.info)()).unwrap_or_default();
-                let info_topic = self.topic("info");
-                self.send(Msg { topic: status, payload: b"online".to_vec(), retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
-                self.send(Msg { topic: info_topic, payload: info, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+                let info = self.info_msg();
+                let online = Status::Online.as_payload().into();
+                self.send(Msg { topic: status, payload: online, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+                self.send(info);
                 if let Some(c) = &self.client {
                     for f in &self.p.image_filters {
                         if let Err(e) = c.try_subscribe(f) {
@@ -289,7 +291,7 @@ impl Publisher {
                 } else {
                     tracing::error!(reason = %reason, "MQTT broker refused the connection");
                 }
-                self.p.events.emit("mqtt_refused", serde_json::json!({"reason": reason, "auth": auth}));
+                self.p.events.emit(EventBody::MqttRefused { reason: reason.clone(), auth });
                 self.lost(format!("refused: {reason}"));
                 self.schedule_reconnect();
             }
@@ -321,7 +323,13 @@ impl Publisher {
                 if self.p.images.try_send(Incoming { topic: topic.clone(), payload, properties }).is_err() {
                     self.p.stats.inputs_rejected.fetch_add(1, Relaxed);
                     self.p.stats.frames_failed.fetch_add(1, Relaxed);
-                    self.p.events.emit("input_rejected", serde_json::json!({"topic": topic, "stage": "intake", "reason": "intake full (agent overloaded)"}));
+                    self.p.events.emit(EventBody::InputRejected {
+                        source: None,
+                        image: None,
+                        topic: Some(topic),
+                        stage: InputStage::Intake,
+                        reason: "intake full (agent overloaded)".into(),
+                    });
                 }
             }
         }
@@ -338,7 +346,7 @@ impl Publisher {
             self.p.stats.detections_acked.fetch_add(1, Relaxed);
             self.p.stats.record(Stage::Publish, f.sent.elapsed().as_secs_f64() * 1e3);
             if let Some(e) = &error {
-                self.p.events.emit("publish_refused", serde_json::json!({"topic": f.msg.topic, "reason": e}));
+                self.p.events.emit(EventBody::PublishRefused { topic: f.msg.topic.clone(), reason: e.clone() });
             }
         }
         match f.msg.origin {
@@ -400,7 +408,7 @@ impl Publisher {
                     Ok(None) => break,
                     Err(e) => {
                         tracing::error!("skipping unreadable spool entry: {e}");
-                        self.p.events.emit("spool_error", serde_json::json!({"error": e.to_string()}));
+                        self.p.events.emit(EventBody::SpoolError { error: e.to_string() });
                         let (crate::agent::spool::SpoolError::Corrupt { path } | crate::agent::spool::SpoolError::Io { path, .. }) = &e;
                         {
                             if let Some(id) = path.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()) {
@@ -417,18 +425,18 @@ impl Publisher {
         }
     }
 
-    fn on_event(&mut self, e: AgentEvent) {
-        let mut body = e.body;
-        if !body.is_object() {
-            body = serde_json::json!({ "detail": body });
-        }
-        body["v"] = serde_json::json!(1);
-        body["type"] = serde_json::json!(e.kind);
-        body["device_id"] = serde_json::json!(self.cfg.mqtt.device_id);
-        body["boot_id"] = serde_json::json!(self.p.boot_id);
-        body["ts"] = serde_json::json!(now_ts());
-        let republish_info = e.kind == "model_reloaded" || e.kind == "config_applied" || e.kind == "batch_change";
-        let msg = Msg { topic: self.topic("events"), payload: serde_json::to_vec(&body).unwrap_or_default(), retain: false, qos: 1, kind: Kind::Event, origin: Origin::None };
+    /// The retained `info` message, built now.
+    fn info_msg(&self) -> Msg {
+        let payload = serde_json::to_vec(&(self.p.info)()).unwrap_or_default();
+        Msg { topic: self.topic("info"), payload, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None }
+    }
+
+    fn on_event(&mut self, body: EventBody) {
+        let republish_info = body.changes_info();
+        let (device_id, boot_id) = (self.cfg.mqtt.device_id.clone(), self.p.boot_id.clone());
+        let event = messages::Event { v: messages::VERSION, device_id, boot_id, ts: now_ts(), body };
+        let payload = serde_json::to_vec(&event).unwrap_or_default();
+        let msg = Msg { topic: self.topic("events"), payload, retain: false, qos: 1, kind: Kind::Event, origin: Origin::None };
         if self.resend.len() >= MAX_PENDING_EVENTS {
             self.p.stats.events_dropped.fetch_add(1, Relaxed);
             if let Some(i) = self.resend.iter().position(|m| m.kind == Kind::Event) {
@@ -437,9 +445,8 @@ impl Publisher {
         }
         self.resend.push_back(msg);
         if republish_info && self.connected {
-            let info = serde_json::to_vec(&(self.p.info)()).unwrap_or_default();
-            let t = self.topic("info");
-            self.resend.push_back(Msg { topic: t, payload: info, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+            let info = self.info_msg();
+            self.resend.push_back(info);
         }
     }
 
@@ -450,24 +457,24 @@ impl Publisher {
                 self.p.stats.frames_ok.fetch_add(1, Relaxed);
                 self.seq += 1;
                 let image = match &job.image {
-                    ImageRef::Path(p) => serde_json::json!({"path": p, "w": w, "h": h}),
-                    ImageRef::Id(i) => serde_json::json!({"id": i, "w": w, "h": h}),
+                    ImageRef::Path(p) => FrameImage::Path { path: p.to_string_lossy().into_owned(), w, h },
+                    ImageRef::Id(i) => FrameImage::Id { id: i.clone(), w, h },
                 };
-                let mut v = serde_json::json!({
-                    "v": 1,
-                    "device_id": self.cfg.mqtt.device_id,
-                    "boot_id": self.p.boot_id,
-                    "seq": self.seq,
-                    "ts": now_ts(),
-                    "source": &*job.source,
-                    "image": image,
-                    "model": &*model,
-                    "batch_size": batch_size,
-                    "latency_ms": {"decode": round3(decode_ms), "infer": round3(infer_ms), "post": 0.0},
-                    "detections": detections,
-                });
+                let mut v = messages::Detections {
+                    v: messages::VERSION,
+                    device_id: self.cfg.mqtt.device_id.clone(),
+                    boot_id: self.p.boot_id.clone(),
+                    seq: self.seq,
+                    ts: now_ts(),
+                    source: job.source.to_string(),
+                    image,
+                    model: model.to_string(),
+                    batch_size,
+                    latency_ms: FrameLatency { decode: round3(decode_ms), infer: round3(infer_ms), post: 0.0 },
+                    detections,
+                };
                 let post = t.elapsed().as_secs_f64() * 1e3;
-                v["latency_ms"]["post"] = serde_json::json!(round3(post));
+                v.latency_ms.post = round3(post);
                 self.p.stats.record(Stage::Post, post);
                 let msg = Msg {
                     topic: self.topic(&format!("detections/{}", job.source)),
@@ -487,14 +494,15 @@ impl Publisher {
                 self.p.stats.frames_failed.fetch_add(1, Relaxed);
                 self.p.stats.inputs_rejected.fetch_add(1, Relaxed);
                 let image = match &job.image {
-                    ImageRef::Path(p) => serde_json::json!({"path": p}),
-                    ImageRef::Id(i) => serde_json::json!({"id": i}),
+                    ImageRef::Path(p) => ImageName::Path { path: p.to_string_lossy().into_owned() },
+                    ImageRef::Id(i) => ImageName::Id { id: i.clone() },
                 };
                 let moved = job.completion.failed(&format!("{stage}: {reason}"));
                 if let Err(e) = &moved {
                     tracing::error!("cannot move input to failed/: {e}");
                 }
-                self.p.events.emit("input_rejected", serde_json::json!({"source": &*job.source, "image": image, "stage": stage, "reason": reason}));
+                let source = Some(job.source.to_string());
+                self.p.events.emit(EventBody::InputRejected { source, image: Some(image), topic: None, stage, reason });
             }
         }
     }
@@ -510,23 +518,26 @@ impl Publisher {
         if let Some(over) = telemetry::budget_crossing(self.over_budget, above, budget) {
             self.over_budget = over;
             let g = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
-            self.p.events.emit(
-                if over { "memory_over_budget" } else { "memory_within_budget" },
-                serde_json::json!({
-                    "reserved": mem.process_reserved, "reserved_for_batches": above, "budget": budget,
-                    "verified_peak": g(&self.p.stats.plan_verified_peak), "batch": g(&self.p.stats.batch_current),
-                    "note": if over {
-                        "the memory pool holds more than the planner verified for this batch (its reservation varies from run to run); memory_fraction leaves the margin, and an out-of-memory error would split the batch"
-                    } else {
-                        "back within the planner's budget"
-                    },
-                }),
-            );
+            let figures = MemoryBudget {
+                reserved: mem.process_reserved,
+                reserved_for_batches: above,
+                budget,
+                verified_peak: g(&self.p.stats.plan_verified_peak),
+                batch: g(&self.p.stats.batch_current),
+                note: if over {
+                    "the memory pool holds more than the planner verified for this batch (its reservation varies from run to run); \
+                     memory_fraction leaves the margin, and an out-of-memory error would split the batch"
+                } else {
+                    "back within the planner's budget"
+                }
+                .into(),
+            };
+            self.p.events.emit(if over { EventBody::MemoryOverBudget(figures) } else { EventBody::MemoryWithinBudget(figures) });
         }
         let fps = self.fps.tick(self.p.stats.frames_ok.load(Relaxed));
         self.update_gauges();
-        let base = serde_json::json!({"v": 1, "device_id": self.cfg.mqtt.device_id, "boot_id": self.p.boot_id, "ts": now_ts()});
-        let v = telemetry::snapshot(&self.p.stats, &mem, fps, self.started.elapsed().as_secs_f64(), base);
+        let uptime = self.started.elapsed().as_secs_f64();
+        let v = telemetry::snapshot(&self.p.stats, &mem, fps, uptime, &self.cfg.mqtt.device_id, &self.p.boot_id, now_ts());
         if self.connected && self.window.len() < self.max_inflight() + 16 {
             let t = self.topic("telemetry");
             self.send(Msg { topic: t, payload: serde_json::to_vec(&v).unwrap_or_default(), retain: false, qos: 1, kind: Kind::Other, origin: Origin::None });
@@ -561,7 +572,8 @@ impl Publisher {
         }
         if self.connected {
             let status = self.topic("status");
-            self.send(Msg { topic: status, payload: b"offline".to_vec(), retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
+            let offline = Status::Offline.as_payload().into();
+            self.send(Msg { topic: status, payload: offline, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
             let until = tokio::time::Instant::now() + Duration::from_secs(3);
             while !self.window.is_empty() {
                 match tokio::time::timeout_at(until, self.wait_conn()).await {

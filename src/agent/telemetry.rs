@@ -9,6 +9,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::devmem::{self, PeakMeter};
+use crate::agent::messages::{
+    self, BatchTelemetry, ConfigCounters, DeviceMemoryFigures, FrameCounters, MqttCounters, ProcessMemory, Queues, StageLatency, Telemetry,
+};
+pub use crate::agent::messages::Percentiles;
 
 /// Samples kept per stage for the percentiles.
 const WINDOW: usize = 2048;
@@ -125,14 +129,6 @@ pub struct Stats {
     latencies: [Mutex<VecDeque<f32>>; 4],
 }
 
-/// p50/p90/p99 in milliseconds.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct Percentiles {
-    pub p50: f32,
-    pub p90: f32,
-    pub p99: f32,
-}
-
 impl Stats {
     pub fn record(&self, stage: Stage, ms: f64) {
         if let Ok(mut q) = self.latencies[stage as usize].lock() {
@@ -173,49 +169,68 @@ impl FpsMeter {
     }
 }
 
-/// Builds the `telemetry` message.
 fn nonzero(v: u64) -> Option<u64> {
     (v != 0).then_some(v)
 }
 
-pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, base: serde_json::Value) -> serde_json::Value {
+/// Builds the `telemetry` message; `ts` is the time of the snapshot (RFC 3339).
+pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, device_id: &str, boot_id: &str, ts: String) -> Telemetry {
     let g = |a: &AtomicU64| a.load(Relaxed);
-    let mut v = base;
-    let last_oom = g(&stats.last_oom_unix_ms);
-    v["uptime_s"] = serde_json::json!((uptime_s * 1000.0).round() / 1000.0);
-    v["device_memory"] = serde_json::json!({ "total": mem.total, "free": mem.free, "used": mem.used });
-    v["process_memory"] = serde_json::json!({
-        "used": mem.process_used, "reserved": mem.process_reserved, "high_water": mem.process_high_water,
-        "rss": process_rss(),
-    });
-    v["batch"] = serde_json::json!({
-        "current": g(&stats.batch_current), "startup": g(&stats.batch_startup),
-        "oom_fallbacks": g(&stats.oom_fallbacks),
-        "last_oom_ms": nonzero(last_oom),
-        "predicted_peak": nonzero(g(&stats.plan_predicted_peak)), "verified_peak": nonzero(g(&stats.plan_verified_peak)),
-        "budget": nonzero(g(&stats.plan_budget)),
-    });
-    v["fps"] = serde_json::json!((fps * 100.0).round() / 100.0);
-    v["frames"] = serde_json::json!({
-        "in": g(&stats.frames_in), "ok": g(&stats.frames_ok), "failed": g(&stats.frames_failed),
-        "batches": g(&stats.batches), "inputs_rejected": g(&stats.inputs_rejected),
-    });
-    v["latency_ms"] = serde_json::json!({
-        "decode": stats.percentiles(Stage::Decode), "infer": stats.percentiles(Stage::Infer),
-        "post": stats.percentiles(Stage::Post), "publish": stats.percentiles(Stage::Publish),
-    });
-    v["queues"] = serde_json::json!({
-        "intake": g(&stats.q_intake), "decoded": g(&stats.q_decoded), "results": g(&stats.q_results),
-    });
-    v["mqtt"] = serde_json::json!({
-        "queued": g(&stats.mqtt_queued), "spooled": g(&stats.spool_len), "spool_bytes": g(&stats.spool_bytes),
-        "spooled_total": g(&stats.spooled_total), "spool_replayed": g(&stats.spool_replayed),
-        "published": g(&stats.detections_published), "acked": g(&stats.detections_acked),
-        "reconnects": g(&stats.reconnects), "connect_refused": g(&stats.connect_refused),
-        "events_dropped": g(&stats.events_dropped),
-    });
-    v["config"] = serde_json::json!({ "applied": g(&stats.config_applied), "rejected": g(&stats.config_rejected), "model_reloads": g(&stats.model_reloads) });
-    v
+    Telemetry {
+        v: messages::VERSION,
+        device_id: device_id.to_string(),
+        boot_id: boot_id.to_string(),
+        ts,
+        uptime_s: (uptime_s * 1000.0).round() / 1000.0,
+        device_memory: DeviceMemoryFigures { total: mem.total, free: mem.free, used: mem.used },
+        process_memory: ProcessMemory {
+            used: mem.process_used,
+            reserved: mem.process_reserved,
+            high_water: mem.process_high_water,
+            rss: process_rss(),
+        },
+        batch: BatchTelemetry {
+            current: g(&stats.batch_current),
+            startup: g(&stats.batch_startup),
+            oom_fallbacks: g(&stats.oom_fallbacks),
+            last_oom_ms: nonzero(g(&stats.last_oom_unix_ms)),
+            predicted_peak: nonzero(g(&stats.plan_predicted_peak)),
+            verified_peak: nonzero(g(&stats.plan_verified_peak)),
+            budget: nonzero(g(&stats.plan_budget)),
+        },
+        fps: (fps * 100.0).round() / 100.0,
+        frames: FrameCounters {
+            frames_in: g(&stats.frames_in),
+            ok: g(&stats.frames_ok),
+            failed: g(&stats.frames_failed),
+            batches: g(&stats.batches),
+            inputs_rejected: g(&stats.inputs_rejected),
+        },
+        latency_ms: StageLatency {
+            decode: stats.percentiles(Stage::Decode),
+            infer: stats.percentiles(Stage::Infer),
+            post: stats.percentiles(Stage::Post),
+            publish: stats.percentiles(Stage::Publish),
+        },
+        queues: Queues { intake: g(&stats.q_intake), decoded: g(&stats.q_decoded), results: g(&stats.q_results) },
+        mqtt: MqttCounters {
+            queued: g(&stats.mqtt_queued),
+            spooled: g(&stats.spool_len),
+            spool_bytes: g(&stats.spool_bytes),
+            spooled_total: g(&stats.spooled_total),
+            spool_replayed: g(&stats.spool_replayed),
+            published: g(&stats.detections_published),
+            acked: g(&stats.detections_acked),
+            reconnects: g(&stats.reconnects),
+            connect_refused: g(&stats.connect_refused),
+            events_dropped: g(&stats.events_dropped),
+        },
+        config: ConfigCounters {
+            applied: g(&stats.config_applied),
+            rejected: g(&stats.config_rejected),
+            model_reloads: g(&stats.model_reloads),
+        },
+    }
 }
 
 /// Whether the process's reserved memory crossed the planner's budget since the last reading:

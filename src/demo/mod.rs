@@ -1,8 +1,9 @@
 //! `yolo-edge demo`: the whole product in one command. An MQTT broker (embedded rumqttd unless
 //! one is named), the Rust-drawn sample scenes in a temporary hot folder, the real agent run
 //! in-process from a generated config (validated like any other) with the default model built
-//! into the binary, and a subscriber that prints every message, stops the agent once every
-//! picture is reported, checks the detections against the drawn objects and sums up.
+//! into the binary, and a subscriber that parses every message into its type of
+//! [`crate::agent::messages`] and prints it, stops the agent once every picture is reported, checks the
+//! detections against the drawn objects and sums up.
 
 pub mod broker;
 pub mod report;

@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::eval::metrics::{match_predictions, LabeledBox};
+use crate::agent::messages::{self, EventBody, Message, Status};
 use crate::vision::postprocess::Detection;
 use crate::demo::samples::{DrawnObject, Shape};
 
@@ -36,8 +35,10 @@ pub struct Observer {
     pub failed: BTreeMap<String, String>,
     /// `(batch_size, infer_ms)` of every reported picture.
     batches: Vec<(u64, f64)>,
-    pub info: Option<Value>,
-    pub telemetry: Option<Value>,
+    /// The last `info` message.
+    pub info: Option<messages::Info>,
+    /// The last `telemetry` message.
+    pub telemetry: Option<messages::Telemetry>,
     peak_high_water: Option<u64>,
     online_at: Option<Instant>,
     last_detection_at: Option<Instant>,
@@ -72,67 +73,69 @@ impl Observer {
 
     /// Frames the last telemetry message counts as done (ok + failed).
     pub fn telemetry_frames(&self) -> u64 {
-        self.telemetry.as_ref().map_or(0, |t| t["frames"]["ok"].as_u64().unwrap_or(0) + t["frames"]["failed"].as_u64().unwrap_or(0))
+        self.telemetry.as_ref().map_or(0, |t| t.frames.ok + t.frames.failed)
     }
 
-    /// Takes one message; `leaf` is its topic after `{prefix}/{device_id}/`.
+    /// Takes one message; `leaf` is its topic after `{prefix}/{device_id}/`. Every message is
+    /// parsed into its type of [`crate::agent::messages`]; one that does not parse is shown as such.
     pub fn on_message(&mut self, leaf: &str, payload: &[u8], at: Instant) -> Option<Update> {
         let line = |s: String| Some(Update { line: s, image: None });
-        if leaf == "status" {
-            let s = String::from_utf8_lossy(payload).into_owned();
-            match s.as_str() {
-                "online" => self.online_at = self.online_at.or(Some(at)),
-                "offline" => self.offline = true,
-                _ => {}
+        let msg = match Message::parse(leaf, payload) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                return match serde_json::from_slice::<serde_json::Value>(payload) {
+                    Ok(v) => line(format!("{leaf:<11} {v}")),
+                    Err(_) => line(format!("{leaf:<11} (not JSON, {} bytes)", payload.len())),
+                };
             }
-            return line(format!("status      {s}"));
-        }
-        let Ok(v) = serde_json::from_slice::<Value>(payload) else {
-            return line(format!("{leaf:<11} (not JSON, {} bytes)", payload.len()));
+            Err(e) if e.is_syntax() => return line(format!("{leaf:<11} (not JSON, {} bytes)", payload.len())),
+            Err(e) => return line(format!("{leaf:<11} ({e})")),
         };
-        match leaf {
-            "info" => {
-                let text = info_line(&v);
-                self.info = Some(v);
+        match msg {
+            Message::Status(s) => {
+                match s {
+                    Status::Online => self.online_at = self.online_at.or(Some(at)),
+                    Status::Offline => self.offline = true,
+                }
+                line(format!("status      {}", s.as_payload()))
+            }
+            Message::Info(i) => {
+                let text = info_line(&i);
+                self.info = Some(i);
                 line(text)
             }
-            "telemetry" => {
-                if let Some(h) = v["process_memory"]["high_water"].as_u64() {
+            Message::Telemetry(t) => {
+                if let Some(h) = t.process_memory.high_water {
                     self.peak_high_water = Some(self.peak_high_water.map_or(h, |p| p.max(h)));
                 }
-                let text = telemetry_line(&v);
-                self.telemetry = Some(v);
+                let text = telemetry_line(&t);
+                self.telemetry = Some(t);
                 line(text)
             }
-            "events" => {
-                if v["type"] == "input_rejected" {
-                    if let Some(name) = image_name(&v["image"]) {
-                        let reason = format!("{}: {}", v["stage"].as_str().unwrap_or("?"), v["reason"].as_str().unwrap_or("?"));
-                        self.failed.entry(name).or_insert(reason);
-                    }
+            Message::Event(e) => {
+                if let EventBody::InputRejected { image: Some(image), stage, reason, .. } = &e.body {
+                    self.failed.entry(file_name(image.name())).or_insert_with(|| format!("{stage}: {reason}"));
                 }
-                line(event_line(&v))
+                line(event_line(&e))
             }
-            _ if leaf.starts_with("detections/") => {
-                let name = image_name(&v["image"])?;
+            Message::Detections(d) => {
+                let name = file_name(d.image.name());
                 if self.results.contains_key(&name) {
                     return None; // a QoS 1 redelivery
                 }
-                let dets: Vec<Detection> = serde_json::from_value(v["detections"].clone()).unwrap_or_default();
-                self.batches.push((v["batch_size"].as_u64().unwrap_or(0), v["latency_ms"]["infer"].as_f64().unwrap_or(0.0)));
+                self.batches.push((d.batch_size as u64, d.latency_ms.infer));
                 self.last_detection_at = Some(at);
-                let text = detection_line(&name, &dets);
-                self.results.insert(name.clone(), dets);
+                let text = detection_line(&name, &d.detections);
+                self.results.insert(name.clone(), d.detections);
                 Some(Update { line: text, image: Some(name) })
             }
-            _ => line(format!("{leaf:<11} {v}")),
         }
     }
 
     /// The check: whether the model knows the sample classes, and if so how many drawn objects
     /// were found (IoU >= 0.5, same class) among the reported pictures.
     pub fn check(&self) -> Option<Check> {
-        let classes = self.info.as_ref()?["model"]["classes"].as_array()?.iter().map(|c| c.as_str().unwrap_or("")).collect::<Vec<_>>();
+        let classes = self.info.as_ref()?.model.classes.iter().map(String::as_str).collect::<Vec<_>>();
         if classes != SAMPLE_CLASSES.map(Shape::name) {
             return None;
         }
@@ -175,9 +178,9 @@ impl Observer {
             ids.entry(d.label.clone()).or_insert(d.class_id);
         }
         order.sort_by_key(|l| ids.get(l).copied().unwrap_or(usize::MAX));
-        let info = self.info.clone().unwrap_or(Value::Null);
-        let plan = &info["batch_plan"];
-        let tel = self.telemetry.clone().unwrap_or(Value::Null);
+        let info = self.info.as_ref();
+        let plan = info.map(|i| &i.batch_plan);
+        let tel = self.telemetry.as_ref();
         let processing = self.online_at.zip(self.last_detection_at).map(|(a, b)| b.saturating_duration_since(a));
         let mut infer: Vec<f64> = self.batches.iter().map(|b| b.1).collect();
         infer.sort_by(f64::total_cmp);
@@ -189,20 +192,20 @@ impl Observer {
             failed: self.failed.len(),
             detections: order.into_iter().map(|l| (l.clone(), per_class[&l])).collect(),
             check: self.check(),
-            model: info["model"]["label"].as_str().map(str::to_string),
-            device: format!("{} {}", info["device"].as_str().unwrap_or("?"), info["dtype"].as_str().unwrap_or("?")),
-            imgsz: info["imgsz"].as_u64(),
-            batch: plan["startup"].as_u64(),
-            batch_reason: plan["reason"].as_str().map(str::to_string),
+            model: info.map(|i| i.model.label.clone()),
+            device: info.map_or_else(|| "? ?".to_string(), |i| format!("{} {}", i.device, i.dtype)),
+            imgsz: info.map(|i| i.imgsz as u64),
+            batch: plan.map(|p| p.startup),
+            batch_reason: plan.map(|p| p.reason.clone()),
             batch_sizes_seen: { sizes.dedup(); sizes },
             memory_peak: self.peak_high_water,
-            device_total: tel["device_memory"]["total"].as_u64(),
-            device_free: tel["device_memory"]["free"].as_u64(),
-            memory_fraction: plan["memory_fraction"].as_f64(),
-            memory_limit: plan["memory_limit"].as_u64(),
+            device_total: tel.and_then(|t| t.device_memory.total),
+            device_free: tel.and_then(|t| t.device_memory.free),
+            memory_fraction: plan.map(|p| p.memory_fraction),
+            memory_limit: plan.and_then(|p| p.memory_limit),
             processing,
             infer_ms_p50: infer.get(infer.len().saturating_sub(1) / 2).copied(),
-            agent_fps: tel["fps"].as_f64(),
+            agent_fps: tel.map(|t| t.fps),
             wall,
         }
     }
@@ -312,10 +315,9 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-/// The file name of a message's `image` object (`path` for hot folders, `id` for MQTT).
-fn image_name(image: &Value) -> Option<String> {
-    let p = image["path"].as_str().or(image["id"].as_str())?;
-    Some(std::path::Path::new(p).file_name().map_or(p.to_string(), |n| n.to_string_lossy().into_owned()))
+/// The file name of a picture's path or id (`/data/in/a.png` -> `a.png`).
+fn file_name(p: &str) -> String {
+    std::path::Path::new(p).file_name().map_or(p.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// `sample-01.png  3 detections: circle 0.93 [40 40 140 140], ...`
@@ -330,65 +332,58 @@ pub fn detection_line(name: &str, dets: &[Detection]) -> String {
     format!("detections  {name}  {} detection{}{}{}", dets.len(), if dets.len() == 1 { "" } else { "s" }, if list.is_empty() { "" } else { ": " }, list.join(", "))
 }
 
-fn telemetry_line(v: &Value) -> String {
-    let fr = &v["frames"];
-    let mut s = format!(
-        "telemetry   frames {} ok, {} failed · {:.2} img/s · batch {}",
-        fr["ok"].as_u64().unwrap_or(0),
-        fr["failed"].as_u64().unwrap_or(0),
-        v["fps"].as_f64().unwrap_or(0.0),
-        v["batch"]["current"].as_u64().unwrap_or(0)
-    );
-    let pm = &v["process_memory"];
-    if let Some(r) = pm["rss"].as_u64() {
+fn telemetry_line(t: &messages::Telemetry) -> String {
+    let (f, batch) = (&t.frames, t.batch.current);
+    let mut s = format!("telemetry   frames {} ok, {} failed · {:.2} img/s · batch {batch}", f.ok, f.failed, t.fps);
+    let pm = &t.process_memory;
+    if let Some(r) = pm.rss {
         let _ = write!(s, " · memory {}", bytes(r));
-        if let Some(h) = pm["high_water"].as_u64() {
+        if let Some(h) = pm.high_water {
             let _ = write!(s, " (peak {})", bytes(h));
         }
     }
-    if let Some(p) = v["latency_ms"]["infer"]["p50"].as_f64().filter(|&p| p > 0.0) {
+    let p = t.latency_ms.infer.p50;
+    if p > 0.0 {
         let _ = write!(s, " · infer p50 {p:.0} ms");
     }
     s
 }
 
-fn info_line(v: &Value) -> String {
-    let m = &v["model"];
-    let classes: Vec<&str> = m["classes"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-    let shown = if classes.len() > 8 { format!("{}, ...", classes[..8].join(", ")) } else { classes.join(", ") };
+fn info_line(i: &messages::Info) -> String {
+    let m = &i.model;
+    let shown = if m.classes.len() > 8 { format!("{}, ...", m.classes[..8].join(", ")) } else { m.classes.join(", ") };
     format!(
         "info        model {} ({} classes: {shown}) on {} {}, {} px; batch {} ({})",
-        m["label"].as_str().unwrap_or("?"),
-        classes.len(),
-        v["device"].as_str().unwrap_or("?"),
-        v["dtype"].as_str().unwrap_or("?"),
-        v["imgsz"].as_u64().unwrap_or(0),
-        v["batch_plan"]["startup"].as_u64().unwrap_or(0),
-        v["batch_plan"]["reason"].as_str().unwrap_or("?"),
+        m.label,
+        m.classes.len(),
+        i.device,
+        i.dtype,
+        i.imgsz,
+        i.batch_plan.startup,
+        i.batch_plan.reason,
     )
 }
 
-fn event_line(v: &Value) -> String {
-    let mut body = v.clone();
+/// `event       TYPE {fields}`: the body's fields without the envelope.
+fn event_line(e: &messages::Event) -> String {
+    let mut body = serde_json::to_value(&e.body).unwrap_or_default();
     if let Some(o) = body.as_object_mut() {
-        for k in ["v", "type", "device_id", "boot_id", "ts"] {
-            o.remove(k);
-        }
+        o.remove("type");
     }
-    format!("event       {} {body}", v["type"].as_str().unwrap_or("?"))
+    format!("event       {} {body}", e.body.kind())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::agent::messages::{examples, ImageName, InputStage};
 
     fn obj(shape: Shape, bbox: [f64; 4]) -> DrawnObject {
         DrawnObject { shape, bbox }
     }
 
-    fn det(class_id: usize, conf: f32, bbox: [f32; 4]) -> Value {
-        json!({"class_id": class_id, "label": SAMPLE_CLASSES[class_id].name(), "confidence": conf, "box": bbox})
+    fn det(class_id: usize, conf: f32, bbox: [f32; 4]) -> Detection {
+        Detection { class_id, label: SAMPLE_CLASSES[class_id].name().to_string(), confidence: conf, bbox }
     }
 
     fn observer() -> Observer {
@@ -399,14 +394,15 @@ mod tests {
     }
 
     fn info(classes: &[&str]) -> Vec<u8> {
-        json!({"model": {"label": "yolov9-t:abc", "classes": classes}, "device": "cpu", "dtype": "f32", "imgsz": 416,
-               "batch_plan": {"startup": 4, "reason": "auto on CPU", "memory_fraction": 0.8, "memory_limit": null}})
-        .to_string()
-        .into_bytes()
+        let mut i = examples::info(classes);
+        i.batch_plan.reason = "auto on CPU".into();
+        serde_json::to_vec(&i).unwrap()
     }
 
-    fn detection(name: &str, dets: Vec<Value>) -> Vec<u8> {
-        json!({"image": {"path": format!("/tmp/in/{name}"), "w": 10, "h": 10}, "batch_size": 2, "latency_ms": {"infer": 80.0}, "detections": dets}).to_string().into_bytes()
+    fn detection(name: &str, dets: Vec<Detection>) -> Vec<u8> {
+        let mut d = examples::detections(name, dets);
+        d.batch_size = 2;
+        serde_json::to_vec(&d).unwrap()
     }
 
     #[test]
@@ -416,9 +412,9 @@ mod tests {
         assert_eq!(o.on_message("status", b"online", t0).unwrap().line, "status      online");
         assert!(o.on_message("info", &info(&SAMPLE_CLASSES.map(Shape::name)), t0).unwrap().line.contains("batch 4 (auto on CPU)"));
         // circle found, star found at a shifted but overlapping box, one false square
-        let u = o
-            .on_message("detections/samples", &detection("a.png", vec![det(0, 0.9, [2.0, 2.0, 98.0, 101.0]), det(3, 0.8, [215.0, 0.0, 300.0, 100.0]), det(1, 0.4, [0.0, 0.0, 100.0, 100.0])]), t0)
-            .unwrap();
+        let dets =
+            vec![det(0, 0.9, [2.0, 2.0, 98.0, 101.0]), det(3, 0.8, [215.0, 0.0, 300.0, 100.0]), det(1, 0.4, [0.0, 0.0, 100.0, 100.0])];
+        let u = o.on_message("detections/samples", &detection("a.png", dets), t0).unwrap();
         assert_eq!(u.image.as_deref(), Some("a.png"));
         assert!(u.line.starts_with("detections  a.png  3 detections: circle 0.90 [2 2 98 101], star 0.80"), "{}", u.line);
         assert!(!o.complete());
@@ -431,9 +427,11 @@ mod tests {
         let c = o.check().unwrap();
         assert_eq!((c.found_total(), c.drawn_total(), c.extra), (2, 3, 2));
         assert_eq!(c.found, [1, 0, 0, 1, 0]);
-        let tel = json!({"frames": {"ok": 3, "failed": 0}, "fps": 1.5, "batch": {"current": 4}, "process_memory": {"rss": 300u64 << 20, "high_water": 310u64 << 20},
-                         "device_memory": {"total": 16u64 << 30, "free": 10u64 << 30}, "latency_ms": {"infer": {"p50": 80.0}}});
-        assert_eq!(o.on_message("telemetry", tel.to_string().as_bytes(), t1).unwrap().line, "telemetry   frames 3 ok, 0 failed · 1.50 img/s · batch 4 · memory 300 MiB (peak 310 MiB) · infer p50 80 ms");
+        let tel = serde_json::to_vec(&examples::telemetry()).unwrap();
+        assert_eq!(
+            o.on_message("telemetry", &tel, t1).unwrap().line,
+            "telemetry   frames 3 ok, 0 failed · 1.50 img/s · batch 4 · memory 300 MiB (peak 310 MiB) · infer p50 80 ms"
+        );
         assert_eq!(o.telemetry_frames(), 3);
         let s = o.summary(2, Duration::from_secs(9)).to_string();
         assert!(s.contains("pictures    2 written, 2 reported, 0 failed"), "{s}");
@@ -453,13 +451,25 @@ mod tests {
         let t = Instant::now();
         o.on_message("info", &info(&["ball"]), t);
         o.on_message("detections/samples", &detection("a.png", vec![det(0, 0.9, [0.0, 0.0, 100.0, 100.0])]), t);
-        let ev = json!({"type": "input_rejected", "v": 1, "image": {"path": "/x/in/b.png"}, "stage": "decode", "reason": "truncated"});
-        let line = o.on_message("events", ev.to_string().as_bytes(), t).unwrap().line;
+        let ev = examples::event(EventBody::InputRejected {
+            source: Some("samples".into()),
+            image: Some(ImageName::Path { path: "/x/in/b.png".into() }),
+            topic: None,
+            stage: InputStage::Decode,
+            reason: "truncated".into(),
+        });
+        let line = o.on_message("events", &serde_json::to_vec(&ev).unwrap(), t).unwrap().line;
         assert!(line.starts_with("event       input_rejected {") && line.contains(r#""reason":"truncated""#) && !line.contains(r#""v":"#), "{line}");
+        assert!(!line.contains(r#""type":"#), "{line}");
         assert!(o.complete());
         assert_eq!(o.failed["b.png"], "decode: truncated");
         assert!(o.check().is_none());
         assert!(o.summary(2, Duration::ZERO).to_string().contains("check       skipped"));
         assert!(o.on_message("telemetry", b"{{", t).unwrap().line.contains("not JSON"));
+        // JSON of another shape is not taken
+        let line = o.on_message("telemetry", br#"{"frames": {"ok": 9}}"#, t).unwrap().line;
+        assert!(line.contains("not a valid Telemetry message"), "{line}");
+        assert_eq!(o.telemetry_frames(), 0);
+        assert!(o.on_message("status", b"rebooting", t).unwrap().line.contains("not a valid Status message"));
     }
 }

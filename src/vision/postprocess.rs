@@ -25,14 +25,19 @@ impl Default for Thresholds {
     }
 }
 
-/// One detected object, in original-image pixels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One detected object, in original-image pixels (also an element of the `detections` array of
+/// the agent's `Detections` message).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Detection {
+    /// Index into the model's class names (`model.classes` of the agent's `Info` message).
     pub class_id: usize,
+    /// The class name.
     pub label: String,
+    /// Class score after NMS, 0 to 1.
     pub confidence: f32,
-    /// x1, y1, x2, y2
-#[serde(rename = "box")]
+    /// The box `[x1, y1, x2, y2]` in pixels of the original picture (top-left origin).
+    #[serde(rename = "box")]
     pub bbox: [f32; 4],
 }
 

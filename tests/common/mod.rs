@@ -11,6 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
+use yolo_edge::agent::messages::{self, EventBody};
+
+/// The agent's topic prefix in these tests (the config default).
+pub const PREFIX: &str = "yolo-edge";
+
 pub fn manifest() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -120,8 +126,38 @@ impl Message {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.payload).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {}", self.topic, String::from_utf8_lossy(&self.payload)))
     }
+
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.payload).into_owned()
+    }
+
+    /// The payload as message type `T` of `yolo_edge::agent::messages`; panics when it is not one.
+    pub fn parse<T: DeserializeOwned>(&self) -> T {
+        serde_json::from_slice(&self.payload).unwrap_or_else(|e| {
+            panic!("{}: not a {} ({e}): {}", self.topic, std::any::type_name::<T>(), String::from_utf8_lossy(&self.payload))
+        })
+    }
+
+    /// The `status` payload; panics when it is neither `online` nor `offline`.
+    pub fn status(&self) -> messages::Status {
+        messages::Status::parse(&self.payload).unwrap_or_else(|| panic!("{}: not a status: {:?}", self.topic, self.text()))
+    }
+
+    /// The topic after `{PREFIX}/{device_id}/`, for the agent's own topics.
+    pub fn leaf(&self) -> Option<&str> {
+        let rest = self.topic.strip_prefix(PREFIX)?.strip_prefix('/')?;
+        rest.split_once('/').map(|(_, leaf)| leaf)
+    }
+
+    /// For a message on one of the agent's topics: whether it parses into its type (and the
+    /// reason if not). `None` for other topics.
+    pub fn typed(&self) -> Option<Result<messages::Message, String>> {
+        let leaf = self.leaf()?;
+        Some(match messages::Message::parse(leaf, &self.payload) {
+            Ok(Some(m)) => Ok(m),
+            Ok(None) => Err(format!("{}: not a topic the agent publishes", self.topic)),
+            Err(e) => Err(format!("{}: {e}: {}", self.topic, self.text())),
+        })
     }
 }
 
@@ -135,9 +171,13 @@ pub struct ClientOpts {
     pub persistent: bool,
 }
 
-/// A subscriber recording every message (reconnects by itself).
+/// A subscriber recording every message (reconnects by itself). Every message on the agent's
+/// topics must parse into its type of `yolo_edge::agent::messages`: those that do not are recorded,
+/// and a collector that saw one fails the test when it is dropped.
 pub struct Collector {
     pub messages: Arc<Mutex<Vec<Message>>>,
+    /// Messages on the agent's topics that did not parse, with the reason.
+    pub malformed: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     connected: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -156,9 +196,11 @@ impl Collector {
         }
         let (client, mut conn) = rumqttc::Client::new(opts, 1000);
         let messages = Arc::new(Mutex::new(Vec::new()));
+        let malformed = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let connected = Arc::new(AtomicBool::new(false));
         let (m, s, c2, cl, f) = (messages.clone(), stop.clone(), connected.clone(), client.clone(), filter.to_string());
+        let bad = malformed.clone();
         let thread = std::thread::spawn(move || {
             for ev in conn.iter() {
                 if s.load(Ordering::Relaxed) {
@@ -170,7 +212,11 @@ impl Collector {
                     }
                     Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => c2.store(true, Ordering::Relaxed),
                     Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
-                        m.lock().unwrap().push(Message { topic: p.topic.clone(), payload: p.payload.to_vec(), retain: p.retain, at: Instant::now() });
+                        let msg = Message { topic: p.topic.clone(), payload: p.payload.to_vec(), retain: p.retain, at: Instant::now() };
+                        if let Some(Err(e)) = msg.typed() {
+                            bad.lock().unwrap().push(e);
+                        }
+                        m.lock().unwrap().push(msg);
                     }
                     Ok(_) => {}
                     Err(_) => {
@@ -180,7 +226,7 @@ impl Collector {
                 }
             }
         });
-        let col = Collector { messages, stop, connected, thread: Some(thread), client };
+        let col = Collector { messages, malformed, stop, connected, thread: Some(thread), client };
         let c = col.connected.clone();
         wait_until(Duration::from_secs(10), "collector subscribed", || c.load(Ordering::Relaxed));
         col
@@ -198,8 +244,30 @@ impl Collector {
         self.snapshot().into_iter().filter(|m| m.topic.contains("/detections/")).collect()
     }
 
-    pub fn events(&self, kind: &str) -> Vec<serde_json::Value> {
-        self.on("/events").iter().map(|m| m.json()).filter(|v| v["type"] == kind).collect()
+    /// The bodies of the `events` messages of this `type`, in arrival order.
+    pub fn events(&self, kind: &str) -> Vec<EventBody> {
+        self.on("/events").iter().map(|m| m.parse::<messages::Event>().body).filter(|b| b.kind() == kind).collect()
+    }
+
+    /// Asserts that every message received so far on the agent's topics parsed into its type;
+    /// returns how many there were per type (`Detections`, `Telemetry`, `Event`, `Info`, `Status`).
+    pub fn assert_all_typed(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let bad = self.malformed.lock().unwrap().clone();
+        assert!(bad.is_empty(), "{} messages do not parse into their type:\n{}", bad.len(), bad.join("\n"));
+        let mut n = std::collections::BTreeMap::new();
+        for m in self.snapshot() {
+            let kind = match m.typed() {
+                None => continue,
+                Some(Err(e)) => panic!("{e}"),
+                Some(Ok(messages::Message::Detections(_))) => "Detections",
+                Some(Ok(messages::Message::Telemetry(_))) => "Telemetry",
+                Some(Ok(messages::Message::Event(_))) => "Event",
+                Some(Ok(messages::Message::Info(_))) => "Info",
+                Some(Ok(messages::Message::Status(_))) => "Status",
+            };
+            *n.entry(kind).or_insert(0) += 1;
+        }
+        n
     }
 
     /// Publishes a message (for the MQTT image source).
@@ -214,6 +282,10 @@ impl Drop for Collector {
         let _ = self.client.try_disconnect();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if !std::thread::panicking() {
+            let bad = self.malformed.lock().map(|b| b.clone()).unwrap_or_default();
+            assert!(bad.is_empty(), "{} messages do not parse into their type:\n{}", bad.len(), bad.join("\n"));
         }
     }
 }
@@ -438,34 +510,31 @@ pub fn write_atomic(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// Checks a detection message against the schema of issue 5; returns it parsed.
-pub fn check_detection(m: &Message, device_id: &str) -> serde_json::Value {
-    let v = m.json();
-    assert_eq!(v["v"], 1, "{v}");
-    assert_eq!(v["device_id"], device_id);
-    assert!(v["boot_id"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
-    assert!(v["seq"].as_u64().is_some_and(|s| s >= 1), "{v}");
-    assert!(v["ts"].as_str().is_some_and(|s| s.ends_with('Z') && s.contains('T')), "{v}");
-    let src = v["source"].as_str().expect("source");
-    assert!(m.topic.ends_with(&format!("/detections/{src}")), "{} vs {src}", m.topic);
-    let img = &v["image"];
-    assert!(img["path"].is_string() || img["id"].is_string(), "{v}");
-    assert!(img["w"].as_u64().is_some_and(|w| w > 0) && img["h"].as_u64().is_some_and(|h| h > 0), "{v}");
-    assert!(v["model"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
-    assert!(v["batch_size"].as_u64().is_some_and(|b| b >= 1), "{v}");
-    for k in ["decode", "infer", "post"] {
-        assert!(v["latency_ms"][k].as_f64().is_some_and(|x| x >= 0.0), "{v}");
+/// Parses a detection message into `messages::Detections` and checks its values; returns it.
+pub fn check_detection(m: &Message, device_id: &str) -> messages::Detections {
+    let d: messages::Detections = m.parse();
+    assert_eq!(d.v, messages::VERSION, "{d:?}");
+    assert_eq!(d.device_id, device_id);
+    assert!(!d.boot_id.is_empty(), "{d:?}");
+    assert!(d.seq >= 1, "{d:?}");
+    assert!(d.ts.ends_with('Z') && d.ts.contains('T'), "{d:?}");
+    assert!(m.topic.ends_with(&format!("/detections/{}", d.source)), "{} vs {}", m.topic, d.source);
+    let (w, h) = d.image.size();
+    assert!(w > 0 && h > 0 && !d.image.name().is_empty(), "{d:?}");
+    assert!(!d.model.is_empty(), "{d:?}");
+    assert!(d.batch_size >= 1, "{d:?}");
+    let l = d.latency_ms;
+    assert!(l.decode >= 0.0 && l.infer >= 0.0 && l.post >= 0.0, "{d:?}");
+    for x in &d.detections {
+        assert!(!x.label.is_empty() && (0.0..=1.0).contains(&x.confidence), "{x:?}");
     }
-    for d in v["detections"].as_array().expect("detections") {
-        assert!(d["class_id"].is_u64() && d["label"].is_string() && d["confidence"].is_f64(), "{d}");
-        assert_eq!(d["box"].as_array().map(|b| b.len()), Some(4), "{d}");
-    }
-    v
+    d
 }
 
-/// The `image.path` file name of a detection.
-pub fn image_name(v: &serde_json::Value) -> String {
-    Path::new(v["image"]["path"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned()
+/// The file name of a detection's `image.path`.
+pub fn image_name(d: &messages::Detections) -> String {
+    let messages::FrameImage::Path { path, .. } = &d.image else { panic!("not a hot-folder picture: {d:?}") };
+    Path::new(path).file_name().unwrap().to_string_lossy().into_owned()
 }
 
 /// What a finished `yolo-edge demo` run printed.

@@ -12,6 +12,7 @@ use notify::Watcher;
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::events::EventSink;
+use crate::agent::messages::EventBody;
 use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
 
 /// A configured hot folder.
@@ -58,7 +59,7 @@ pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::
     let mut missing_reported = false;
     for d in [&src.done_dir, &src.failed_dir] {
         if let Err(e) = std::fs::create_dir_all(d) {
-            events.emit("source_error", serde_json::json!({"source": &*id, "path": d, "error": e.to_string()}));
+            events.emit(EventBody::SourceError { source: id.to_string(), path: d.to_string_lossy().into_owned(), error: e.to_string() });
         }
     }
     loop {
@@ -86,13 +87,14 @@ pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::
                 watcher = None;
                 if !missing_reported {
                     missing_reported = true;
-                    events.emit("source_error", serde_json::json!({"source": &*id, "path": src.path, "error": e.to_string()}));
+                    let path = src.path.to_string_lossy().into_owned();
+                    events.emit(EventBody::SourceError { source: id.to_string(), path, error: e.to_string() });
                 }
             }
             Ok(files) => {
                 if missing_reported {
                     missing_reported = false;
-                    events.emit("source_recovered", serde_json::json!({"source": &*id, "path": src.path}));
+                    events.emit(EventBody::SourceRecovered { source: id.to_string(), path: src.path.to_string_lossy().into_owned() });
                 }
                 let present: HashSet<&PathBuf> = files.iter().map(|f| &f.0).collect();
                 taken.retain(|p| present.contains(p));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::events::EventSink;
+use crate::agent::messages::{EventBody, ImageName, InputStage};
 use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
 use crate::agent::telemetry::Stats;
 
@@ -81,7 +82,13 @@ pub async fn run(
         if m.payload.is_empty() {
             stats.inputs_rejected.fetch_add(1, Relaxed);
             stats.frames_failed.fetch_add(1, Relaxed);
-            events.emit("input_rejected", serde_json::json!({"source": id, "image": {"id": image_id}, "stage": "intake", "reason": "empty payload"}));
+            events.emit(EventBody::InputRejected {
+                source: Some(id.clone()),
+                image: Some(ImageName::Id { id: image_id }),
+                topic: None,
+                stage: InputStage::Intake,
+                reason: "empty payload".into(),
+            });
             continue;
         }
         let job = Job { source: Arc::from(id.as_str()), image: ImageRef::Id(image_id), data: JobData::Bytes(m.payload), completion: Completion::None };
