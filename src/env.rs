@@ -47,7 +47,8 @@ impl Environment {
         if let Some(p) = self.cuda_cache_path.as_ref().or(self.yolo_edge_cuda_cache.as_ref()) {
             return Some(PathBuf::from(p));
         }
-        let base = self.xdg_cache_home.as_ref().map(PathBuf::from).or_else(|| self.home.as_ref().map(|h| PathBuf::from(h).join(".cache")))?;
+        let base =
+            self.xdg_cache_home.as_ref().map(PathBuf::from).or_else(|| self.home.as_ref().map(|h| PathBuf::from(h).join(".cache")))?;
         Some(base.join("yolo-edge").join("nv-compute-cache"))
     }
 }

@@ -15,18 +15,18 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod units;
-pub mod env;
-pub mod vision;
-pub mod backend;
-pub mod weights;
-pub mod model;
-pub mod detector;
-pub mod planner;
-pub mod bench;
-pub mod eval;
 pub mod agent;
+pub mod backend;
+pub mod bench;
 pub mod demo;
+pub mod detector;
+pub mod env;
+pub mod eval;
+pub mod model;
+pub mod planner;
+pub mod units;
+pub mod vision;
+pub mod weights;
 
 /// The layering above, checked on the source: a module names only itself and the layers below
 /// it (`crate::x` paths, comments included, so that docs do not point upward either).

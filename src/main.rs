@@ -24,7 +24,10 @@ fn main() -> ExitCode {
         }
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(cli::log_filter(&args, std::env::var("RUST_LOG").ok().as_deref())).unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(cli::log_filter(&args, std::env::var("RUST_LOG").ok().as_deref()))
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match cli::run(args) {

@@ -133,7 +133,9 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
         broker.stop();
         // the agent keeps processing into its spool meanwhile
         let done_before = files_in(&conf.input.join("done")).len();
-        wait_until(T, "files move to done/ while the broker is down (spooled)", || files_in(&conf.input.join("done")).len() >= done_before + 50);
+        wait_until(T, "files move to done/ while the broker is down (spooled)", || {
+            files_in(&conf.input.join("done")).len() >= done_before + 50
+        });
         broker.restart();
         eprintln!("broker restart {round} done");
     }
@@ -160,7 +162,11 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     eprintln!("subscriber got {} of 2000 distinct detections; missing seq {missing:?}", got.len());
     const LOST_AT_STOP: u64 = 150;
     let stray: Vec<u64> = missing.iter().copied().filter(|&s| !seen_at_stop.iter().any(|&h| s > h && s <= h + LOST_AT_STOP)).collect();
-    assert!(stray.is_empty(), "subscriber got {} of 2000; missing {missing:?}, of which {stray:?} not right after a broker stop (subscriber at {seen_at_stop:?})", got.len());
+    assert!(
+        stray.is_empty(),
+        "subscriber got {} of 2000; missing {missing:?}, of which {stray:?} not right after a broker stop (subscriber at {seen_at_stop:?})",
+        got.len()
+    );
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     assert_eq!(check_seq_partial(&dets).len(), got.len());
     let seen: BTreeSet<String> = dets.iter().map(image_name).collect();
@@ -326,11 +332,21 @@ fn tls_username_password_acl_wrong_credentials_refused_and_reported() {
     let pw = bdir.join("passwd");
     std::fs::write(&pw, "").unwrap();
     for (u, p) in [("box-1", "s3cret"), ("reader", "r3ad")] {
-        let st = std::process::Command::new("mosquitto_passwd").arg("-b").arg(&pw).arg(u).arg(p).status().expect("mosquitto_passwd (mosquitto package)");
+        let st = std::process::Command::new("mosquitto_passwd")
+            .arg("-b")
+            .arg(&pw)
+            .arg(u)
+            .arg(p)
+            .status()
+            .expect("mosquitto_passwd (mosquitto package)");
         assert!(st.success());
     }
     let acl = bdir.join("acl");
-    std::fs::write(&acl, "user box-1\ntopic write yolo-edge/box-1/#\ntopic read cameras/#\n\nuser reader\ntopic read #\ntopic write cameras/#\n").unwrap();
+    std::fs::write(
+        &acl,
+        "user box-1\ntopic write yolo-edge/box-1/#\ntopic read cameras/#\n\nuser reader\ntopic read #\ntopic write cameras/#\n",
+    )
+    .unwrap();
     let extra = format!(
         "allow_anonymous false\npassword_file {}\nacl_file {}\ncafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\n",
         pw.display(),
@@ -344,7 +360,11 @@ fn tls_username_password_acl_wrong_credentials_refused_and_reported() {
     let mut conf = AgentConf::new(tmp.path(), broker.port);
     let secret = tmp.path().join("mqtt-password");
     std::fs::write(&secret, "wrong\n").unwrap();
-    conf.mqtt_extra = format!("protocol = \"v5\"\nusername = \"box-1\"\npassword_file = \"{}\"\n[mqtt.tls]\nca = \"{}/ca.pem\"\n", secret.display(), bdir.display());
+    conf.mqtt_extra = format!(
+        "protocol = \"v5\"\nusername = \"box-1\"\npassword_file = \"{}\"\n[mqtt.tls]\nca = \"{}/ca.pem\"\n",
+        secret.display(),
+        bdir.display()
+    );
     let cfg = tmp.path().join("agent.toml");
     conf.write(&cfg);
     let mut agent = Agent::spawn(&cfg, &[]);
@@ -356,7 +376,11 @@ fn tls_username_password_acl_wrong_credentials_refused_and_reported() {
     // nobody can publish anonymously
     let anon = rumqttc::MqttOptions::new("anon", "127.0.0.1", broker.port);
     let mut anon = anon;
-    anon.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Simple { ca: ca.clone(), alpn: None, client_auth: None }));
+    anon.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Simple {
+        ca: ca.clone(),
+        alpn: None,
+        client_auth: None,
+    }));
     let (_c, mut conn) = rumqttc::Client::new(anon, 10);
     let refused = conn.iter().take(3).any(|e| matches!(e, Err(rumqttc::ConnectionError::ConnectionRefused(_))));
     assert!(refused, "anonymous connection must be refused");
@@ -419,9 +443,8 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
         .collect();
     assert!(reasons.iter().any(|r| r.contains("empty")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("limit")), "{reasons:?}");
-    let from_door = |e: &EventBody| {
-        matches!(e, EventBody::InputRejected { source: Some(s), image: Some(ImageName::Id { .. }), .. } if s == "door")
-    };
+    let from_door =
+        |e: &EventBody| matches!(e, EventBody::InputRejected { source: Some(s), image: Some(ImageName::Id { .. }), .. } if s == "door");
     assert!(rej.iter().any(from_door), "{rej:?}");
     let door: Vec<_> = col.detections().into_iter().filter(|m| m.topic.ends_with("/detections/door")).collect();
     assert_eq!(door.len(), 1);
@@ -436,9 +459,7 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     wait_until(T, "source_recovered event", || !col.events("source_recovered").is_empty());
     drop_images(&conf.input, 10, 1, &good);
     wait_until(T, "agent keeps running", || col.detections().len() >= 4);
-    wait_until(T, "telemetry counts failures", || {
-        col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().frames.failed >= 7)
-    });
+    wait_until(T, "telemetry counts failures", || col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().frames.failed >= 7));
     assert!(agent.alive());
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
@@ -637,7 +658,8 @@ fn bench_agent_vs_model_only() {
     let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
     let conf = AgentConf::new(tmp.path(), broker.port);
     let cfg = tmp.path().join("agent.toml");
-    std::fs::write(&cfg, conf.toml().replace("imgsz = 160", &format!("imgsz = {imgsz}")).replace("max_wait_ms = 20", "max_wait_ms = 50")).unwrap();
+    std::fs::write(&cfg, conf.toml().replace("imgsz = 160", &format!("imgsz = {imgsz}")).replace("max_wait_ms = 20", "max_wait_ms = 50"))
+        .unwrap();
     let mut agent = Agent::spawn(&cfg, &[]);
     wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
     // stage the files first, then move them in at once
@@ -684,7 +706,11 @@ fn demo_end_to_end_with_embedded_broker() {
     assert!(r.stdout.contains("(embedded rumqttd)"), "{all}");
     // the subscriber saw the agent's real messages
     assert!(r.stdout.lines().any(|l| l == "status      online"), "{all}");
-    assert!(r.stdout.lines().any(|l| l.starts_with("info        model yolov9t:182a7e7c1428 (5 classes: circle, square, triangle, star, ring) on cpu f32, 416 px")), "{all}");
+    assert!(
+        r.stdout.lines().any(|l| l
+            .starts_with("info        model yolov9t:182a7e7c1428 (5 classes: circle, square, triangle, star, ring) on cpu f32, 416 px")),
+        "{all}"
+    );
     assert!(r.stdout.lines().any(|l| l.starts_with("telemetry   frames ")), "{all}");
     assert!(r.stdout.lines().any(|l| l == "status      offline"), "{all}");
     // every sample picture reported, once, with detections of the demo classes
@@ -721,7 +747,11 @@ fn demo_publishes_to_a_named_broker() {
     let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
     let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
     let addr = format!("127.0.0.1:{}", broker.port);
-    let r = run_demo(&tmp.path().join("demo"), &["--device", "cpu", "--broker", &addr, "--images", "3", "--batch", "2"], Duration::from_secs(300));
+    let r = run_demo(
+        &tmp.path().join("demo"),
+        &["--device", "cpu", "--broker", &addr, "--images", "3", "--batch", "2"],
+        Duration::from_secs(300),
+    );
     let all = format!("stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert_eq!(r.code, Some(0), "{all}");
     assert!(r.stdout.lines().any(|l| l == format!("broker      {addr}")), "{all}");

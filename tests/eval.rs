@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use yolo_edge::demo::samples;
 use yolo_edge::detector::Detector;
 use yolo_edge::eval::{self, dataset::Dataset, EvalOptions};
-use yolo_edge::demo::samples;
 
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/yolov9t-shapes.safetensors");
 

@@ -565,7 +565,10 @@ impl Config {
             }
         }
         crate::backend::device::parse_dtype(&d.dtype, &candle_core::Device::Cpu).map_err(|e| invalid("device.dtype", e.to_string()))?;
-        let dev_ok = d.device == "auto" || d.device == "cpu" || d.device == "cuda" || d.device.strip_prefix("cuda:").is_some_and(|i| i.parse::<usize>().is_ok());
+        let dev_ok = d.device == "auto"
+            || d.device == "cpu"
+            || d.device == "cuda"
+            || d.device.strip_prefix("cuda:").is_some_and(|i| i.parse::<usize>().is_ok());
         if !dev_ok {
             return Err(invalid("device.device", format!("unknown device `{}` (expected auto, cpu or cuda:N)", d.device)));
         }
@@ -578,7 +581,10 @@ impl Config {
             memory_fraction: d.memory_fraction.0,
             memory_limit: d.memory_limit.map(|b| b.0),
             max_wait: Duration::from_millis(d.max_wait_ms.0),
-            decode_threads: d.decode_threads.map(|n| n.0 as usize).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
+            decode_threads: d
+                .decode_threads
+                .map(|n| n.0 as usize)
+                .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
         };
         if device.memory_fraction <= 0.0 {
             return Err(invalid("device.memory_fraction", "must be above 0".into()));
@@ -610,7 +616,8 @@ impl Config {
             (Some(p), _) => Some(p.clone()),
             (None, Some(f)) => {
                 let f = resolve(f);
-                let p = std::fs::read_to_string(&f).map_err(|e| invalid("mqtt.password_file", format!("cannot read {}: {e}", f.display())))?;
+                let p =
+                    std::fs::read_to_string(&f).map_err(|e| invalid("mqtt.password_file", format!("cannot read {}: {e}", f.display())))?;
                 Some(p.trim_end_matches(['\n', '\r']).to_string())
             }
             (None, None) => None,
@@ -664,7 +671,12 @@ impl Config {
                     }
                 }
                 RawSource::Mqtt { id, topic, id_from_topic_level } => {
-                    if topic.is_empty() || topic.split('/').enumerate().any(|(j, l)| l.contains('#') && (l != "#" || j != topic.split('/').count() - 1) || l.contains('+') && l != "+") {
+                    if topic.is_empty()
+                        || topic
+                            .split('/')
+                            .enumerate()
+                            .any(|(j, l)| l.contains('#') && (l != "#" || j != topic.split('/').count() - 1) || l.contains('+') && l != "+")
+                    {
                         return Err(invalid(&format!("sources[{i}].topic"), format!("`{topic}` is not a valid topic filter")));
                     }
                     SourceConfig::Mqtt { id: id.map(|i| i.0), topic, id_from_topic_level: id_from_topic_level.0 as usize }
@@ -822,7 +834,9 @@ path = "/in"
     fn tuning_table_is_optional_validated_and_restart_only() {
         let c = Config::parse(MIN, Path::new("/etc/a.toml")).unwrap();
         assert_eq!(c.tuning, Tuning::default());
-        let t = Config::parse(&format!("{MIN}\n[tuning]\ncuda_graphs = false\ncudnn_workspace_min = \"64MiB\"\n"), Path::new("/etc/a.toml")).unwrap();
+        let t =
+            Config::parse(&format!("{MIN}\n[tuning]\ncuda_graphs = false\ncudnn_workspace_min = \"64MiB\"\n"), Path::new("/etc/a.toml"))
+                .unwrap();
         assert!(!t.tuning.cuda_graphs);
         assert_eq!(t.tuning.cudnn_workspace_min.0, 64 << 20);
         assert_eq!(c.restart_required(&t), vec!["tuning"]);

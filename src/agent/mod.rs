@@ -23,17 +23,17 @@ use notify::Watcher;
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
-use crate::detector::Detector;
 use crate::agent::events::EventSink;
-use messages::{BatchPlan, EventBody, ModelInfo, PlanReport};
 use crate::agent::pipeline::{Control, ModelMeta, Pipeline};
-use publisher::PublisherParts;
 use crate::agent::sources::{folder, mqtt as mqtt_source};
 use crate::agent::spool::{Spool, SpoolError};
-use crate::backend::devmem::{self, PeakMeter};
-use crate::planner::{self, Budget, DetectorProber, Plan, PlanError, PlannerConfig, MIB};
-use crate::detector::warmup::{self as startup, StartupTimes};
 use crate::agent::telemetry::{DeviceMemorySource, MemorySource, Stats};
+use crate::backend::devmem::{self, PeakMeter};
+use crate::detector::warmup::{self as startup, StartupTimes};
+use crate::detector::Detector;
+use crate::planner::{self, Budget, DetectorProber, Plan, PlanError, PlannerConfig, MIB};
+use messages::{BatchPlan, EventBody, ModelInfo, PlanReport};
+use publisher::PublisherParts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -114,7 +114,8 @@ pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, Agen
 }
 
 fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector, AgentError> {
-    Detector::load(&cfg.model.path, device, dtype, Some(cfg.device.imgsz)).map_err(|source| AgentError::Model { path: cfg.model.path.clone(), source })
+    Detector::load(&cfg.model.path, device, dtype, Some(cfg.device.imgsz))
+        .map_err(|source| AgentError::Model { path: cfg.model.path.clone(), source })
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns once everything is drained and `offline` sent.
@@ -253,7 +254,14 @@ async fn run_async(
     }
     let image_filters: Vec<String> = mqtt_sources.iter().map(|s| s.filter.clone()).collect();
     if !mqtt_sources.is_empty() {
-        source_tasks.push(tokio::spawn(mqtt_source::run(mqtt_sources, images_rx, intake_tx.clone(), stop_rx.clone(), events.clone(), stats.clone())));
+        source_tasks.push(tokio::spawn(mqtt_source::run(
+            mqtt_sources,
+            images_rx,
+            intake_tx.clone(),
+            stop_rx.clone(),
+            events.clone(),
+            stats.clone(),
+        )));
     }
     drop(intake_tx);
 
@@ -355,15 +363,16 @@ async fn watch_config(
                 continue;
             }
         };
-        let new = match std::str::from_utf8(&text).map_err(|e| e.to_string()).and_then(|t| Config::parse(t, &path).map_err(|e| e.to_string())) {
-            Ok(c) => c,
-            Err(e) => {
-                stats.config_rejected.fetch_add(1, Relaxed);
-                let running_sha256 = old.sha256.clone();
-                events.emit(EventBody::ConfigRejected { path: path.to_string_lossy().into_owned(), error: e, running_sha256 });
-                continue;
-            }
-        };
+        let new =
+            match std::str::from_utf8(&text).map_err(|e| e.to_string()).and_then(|t| Config::parse(t, &path).map_err(|e| e.to_string())) {
+                Ok(c) => c,
+                Err(e) => {
+                    stats.config_rejected.fetch_add(1, Relaxed);
+                    let running_sha256 = old.sha256.clone();
+                    events.emit(EventBody::ConfigRejected { path: path.to_string_lossy().into_owned(), error: e, running_sha256 });
+                    continue;
+                }
+            };
         if new.sha256 == old.sha256 {
             continue;
         }

@@ -8,6 +8,14 @@ use tokio::sync::mpsc;
 use crate::agent::config::{MqttConfig, Protocol};
 use crate::agent::messages::Status;
 
+/// A message that arrived on a subscribed topic (an image for the MQTT source).
+#[derive(Debug)]
+pub struct Incoming {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub properties: Vec<(String, String)>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MqttError {
     #[error("MQTT client request queue is full")]
@@ -69,7 +77,9 @@ impl Client {
     pub fn try_subscribe(&self, filter: &str) -> Result<(), MqttError> {
         match self {
             Client::V4(c) => c.try_subscribe(filter, QoS::AtLeastOnce).map_err(|e| MqttError::Closed(e.to_string())),
-            Client::V5(c) => c.try_subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce).map_err(|e| MqttError::Closed(e.to_string())),
+            Client::V5(c) => {
+                c.try_subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce).map_err(|e| MqttError::Closed(e.to_string()))
+            }
         }
     }
 
@@ -84,7 +94,9 @@ impl Client {
 fn transport(cfg: &MqttConfig) -> Transport {
     match &cfg.tls {
         None => Transport::Tcp,
-        Some(t) => Transport::tls_with_config(TlsConfiguration::Simple { ca: t.ca.clone(), alpn: None, client_auth: t.client_auth.clone() }),
+        Some(t) => {
+            Transport::tls_with_config(TlsConfiguration::Simple { ca: t.ca.clone(), alpn: None, client_auth: t.client_auth.clone() })
+        }
     }
 }
 

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::config::Config;
-use crate::detector::Detector;
 use crate::agent::events::EventSink;
-use crate::backend::oom::{is_oom, OomInjector};
 use crate::agent::messages::{BatchChangeReason, EventBody, InputStage, OomAction};
+use crate::agent::telemetry::{Stage, Stats};
+use crate::backend::oom::{is_oom, OomInjector};
+use crate::detector::Detector;
 use crate::vision::postprocess::Detection;
 use crate::vision::preprocess::{self, DecodeLimits, Letterboxed};
-use crate::agent::telemetry::{Stage, Stats};
 
 /// Where a picture came from: a file path or an id (MQTT).
 #[derive(Debug, Clone)]
@@ -114,21 +114,8 @@ impl ModelMeta {
 /// The result for one picture, in intake order per source.
 #[derive(Debug)]
 pub enum Outcome {
-    Detected {
-        job: Job,
-        w: u32,
-        h: u32,
-        batch_size: usize,
-        decode_ms: f64,
-        infer_ms: f64,
-        detections: Vec<Detection>,
-        model: Arc<str>,
-    },
-    Failed {
-        job: Job,
-        stage: InputStage,
-        reason: String,
-    },
+    Detected { job: Job, w: u32, h: u32, batch_size: usize, decode_ms: f64, infer_ms: f64, detections: Vec<Detection>, model: Arc<str> },
+    Failed { job: Job, stage: InputStage, reason: String },
 }
 
 /// Requests to the inference thread, applied between batches.
@@ -180,7 +167,9 @@ impl Pipeline {
         let mut threads = Vec::new();
 
         let st = stats.clone();
-        threads.push(std::thread::Builder::new().name("dispatch".into()).spawn(move || dispatch(intake, pool, ordered_tx, limits, imgsz, st))?);
+        threads.push(
+            std::thread::Builder::new().name("dispatch".into()).spawn(move || dispatch(intake, pool, ordered_tx, limits, imgsz, st))?,
+        );
         let st = stats.clone();
         let max_wait = c.device.max_wait;
         threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || batcher(ordered_rx, batch_tx, max_wait, st))?);

@@ -13,9 +13,8 @@ use tokio::sync::{mpsc, watch};
 use crate::agent::config::Config;
 use crate::agent::events::EventSink;
 use crate::agent::messages::{self, EventBody, FrameImage, FrameLatency, ImageName, InputStage, MemoryBudget, Status};
-use crate::agent::mqtt::{self, Client, ConnEvent};
+use crate::agent::mqtt::{self, Client, ConnEvent, Incoming};
 use crate::agent::pipeline::{Completion, ImageRef, Outcome};
-use crate::agent::sources::mqtt::Incoming;
 use crate::agent::spool::Spool;
 use crate::agent::telemetry::{self, FpsMeter, MemorySource, Stage, Stats};
 
@@ -336,7 +335,9 @@ impl Publisher {
     }
 
     fn schedule_reconnect(&mut self) {
-        let jitter = Duration::from_millis(u64::from(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_millis()).unwrap_or(0)) % 100);
+        let jitter = Duration::from_millis(
+            u64::from(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_millis()).unwrap_or(0)) % 100,
+        );
         self.reconnect_at = Some(tokio::time::Instant::now() + self.backoff + jitter);
         self.backoff = (self.backoff * 2).min(self.cfg.mqtt.reconnect_max);
     }
@@ -404,7 +405,14 @@ impl Publisher {
                 m
             } else {
                 match self.p.spool.next_unsent() {
-                    Ok(Some(e)) => Msg { topic: e.topic, payload: e.payload, retain: false, qos: self.cfg.mqtt.qos, kind: Kind::Detection, origin: Origin::Spool(e.id) },
+                    Ok(Some(e)) => Msg {
+                        topic: e.topic,
+                        payload: e.payload,
+                        retain: false,
+                        qos: self.cfg.mqtt.qos,
+                        kind: Kind::Detection,
+                        origin: Origin::Spool(e.id),
+                    },
                     Ok(None) => break,
                     Err(e) => {
                         tracing::error!("skipping unreadable spool entry: {e}");
@@ -540,7 +548,14 @@ impl Publisher {
         let v = telemetry::snapshot(&self.p.stats, &mem, fps, uptime, &self.cfg.mqtt.device_id, &self.p.boot_id, now_ts());
         if self.connected && self.window.len() < self.max_inflight() + 16 {
             let t = self.topic("telemetry");
-            self.send(Msg { topic: t, payload: serde_json::to_vec(&v).unwrap_or_default(), retain: false, qos: 1, kind: Kind::Other, origin: Origin::None });
+            self.send(Msg {
+                topic: t,
+                payload: serde_json::to_vec(&v).unwrap_or_default(),
+                retain: false,
+                qos: 1,
+                kind: Kind::Other,
+                origin: Origin::None,
+            });
         }
     }
 

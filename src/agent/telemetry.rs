@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::backend::devmem::{self, PeakMeter};
+pub use crate::agent::messages::Percentiles;
 use crate::agent::messages::{
     self, BatchTelemetry, ConfigCounters, DeviceMemoryFigures, FrameCounters, MqttCounters, ProcessMemory, Queues, StageLatency, Telemetry,
 };
-pub use crate::agent::messages::Percentiles;
+use crate::backend::devmem::{self, PeakMeter};
 
 /// Samples kept per stage for the percentiles.
 const WINDOW: usize = 2048;

@@ -47,7 +47,15 @@ pub struct Placement {
 impl Placement {
     pub fn new(capacity: u64) -> Self {
         let capacity = capacity / ALIGN * ALIGN;
-        let mut p = Self { capacity, free_at: BTreeMap::new(), free_by_len: BTreeSet::new(), live: HashMap::new(), used: 0, used_high: 0, end_high: 0 };
+        let mut p = Self {
+            capacity,
+            free_at: BTreeMap::new(),
+            free_by_len: BTreeSet::new(),
+            live: HashMap::new(),
+            used: 0,
+            used_high: 0,
+            end_high: 0,
+        };
         if capacity > 0 {
             p.insert_free(0, capacity);
         }
@@ -338,10 +346,8 @@ mod vmm {
                 unsafe { sys::cuMemRelease(h) };
                 return Err(e);
             }
-            let access = sys::CUmemAccessDesc {
-                location: self.prop.location,
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
+            let access =
+                sys::CUmemAccessDesc { location: self.prop.location, flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
             // SAFETY: the range was just mapped; one access descriptor is passed.
             if let Err(e) = ok(unsafe { sys::cuMemSetAccess(ptr, len as usize, &access, 1) }) {
                 // SAFETY: the range was mapped above with h, and nothing used it yet.
@@ -418,7 +424,12 @@ mod vmm {
         match create(d) {
             Ok(a) => {
                 alloc_hook::install(hook_alloc, hook_free);
-                tracing::info!(ordinal, reserved_gib = a.size as f64 / (1u64 << 30) as f64, granule = a.granule, "device-memory arena created");
+                tracing::info!(
+                    ordinal,
+                    reserved_gib = a.size as f64 / (1u64 << 30) as f64,
+                    granule = a.granule,
+                    "device-memory arena created"
+                );
                 all.push(a);
                 Some(all.len() - 1)
             }
@@ -433,7 +444,8 @@ mod vmm {
         let stream = d.cuda_stream();
         let ctx = stream.context().clone();
         ctx.bind_to_thread().map_err(|e| e.to_string())?;
-        let vmm = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED).map_err(|e| e.to_string())?;
+        let vmm =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED).map_err(|e| e.to_string())?;
         if vmm == 0 {
             return Err("the device does not support virtual memory management".into());
         }
@@ -445,13 +457,16 @@ mod vmm {
         prop.location.id = ctx.cu_device();
         let mut granule: usize = 0;
         // SAFETY: out-pointer to a local; prop is initialised.
-        ok(unsafe { sys::cuMemGetAllocationGranularity(&mut granule, &prop, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM) })
-            .map_err(|e| format!("cuMemGetAllocationGranularity: {e:?}"))?;
+        ok(unsafe {
+            sys::cuMemGetAllocationGranularity(&mut granule, &prop, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        })
+        .map_err(|e| format!("cuMemGetAllocationGranularity: {e:?}"))?;
         let granule = (granule as u64).max(super::ALIGN);
         let size = (total as u64).div_ceil(granule) * granule;
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: reserves address space only; out-pointer to a local.
-        ok(unsafe { sys::cuMemAddressReserve(&mut base, size as usize, granule as usize, 0, 0) }).map_err(|e| format!("cuMemAddressReserve: {e:?}"))?;
+        ok(unsafe { sys::cuMemAddressReserve(&mut base, size as usize, granule as usize, 0, 0) })
+            .map_err(|e| format!("cuMemAddressReserve: {e:?}"))?;
         Ok(Arena {
             ordinal: ctx.ordinal(),
             stream: stream.cu_stream() as usize,

@@ -143,7 +143,8 @@ impl PeakMeter {
         match &self.device {
             Device::Cpu => {
                 // "5" resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0)
-                std::fs::write("/proc/self/clear_refs", "5").map_err(|source| DevMemError::Io { path: "/proc/self/clear_refs".into(), source })
+                std::fs::write("/proc/self/clear_refs", "5")
+                    .map_err(|source| DevMemError::Io { path: "/proc/self/clear_refs".into(), source })
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(d) => cuda::reset_high(d),
@@ -200,13 +201,14 @@ impl PeakMeter {
     }
 }
 
-
 /// Bytes CUDA's graph memory pool holds on `device` now (all captured graphs of the process;
 /// already part of [`PeakMeter`]'s figures); 0 elsewhere or where the driver cannot say.
 pub fn graph_pool_reserved(device: &Device) -> u64 {
     match device {
         #[cfg(feature = "cuda")]
-        Device::Cuda(d) => cuda::graph_get(d, candle_core::cuda_backend::cudarc::driver::sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+        Device::Cuda(d) => {
+            cuda::graph_get(d, candle_core::cuda_backend::cudarc::driver::sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+        }
         _ => 0,
     }
 }
@@ -289,7 +291,9 @@ mod cuda {
             used: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) + a.used,
             reserved: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) + a.mapped,
             used_high: get(p, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH) + a.used_high,
-            reserved_high: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)? + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) + a.mapped_high,
+            reserved_high: get(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?
+                + graph_get(d, G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+                + a.mapped_high,
         })
     }
 
@@ -303,7 +307,9 @@ mod cuda {
             check("cuMemPoolSetAttribute", unsafe { sys::cuMemPoolSetAttribute(p, a, &mut zero as *mut u64 as *mut _) })?;
         }
         let dev = d.cuda_stream().context().cu_device();
-        for a in [sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH] {
+        for a in
+            [sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH]
+        {
             let mut zero: u64 = 0;
             // SAFETY: as above, for the device's graph memory pool (best effort, see graph_get).
             let _ = unsafe { sys::cuDeviceSetGraphMemAttribute(dev, a, &mut zero as *mut u64 as *mut _) };
@@ -349,7 +355,8 @@ mod cuda {
         // and what graphs hold between launches (remapped at their next launch; best effort)
         // SAFETY: a live device handle; frees only graph memory no running graph uses.
         let _ = unsafe { sys::cuDeviceGraphMemTrim(d.cuda_stream().context().cu_device()) };
-        crate::backend::arena::trim(&candle_core::Device::Cuda(d.clone())).map_err(|reason| DevMemError::Cuda { call: "arena trim", reason })
+        crate::backend::arena::trim(&candle_core::Device::Cuda(d.clone()))
+            .map_err(|reason| DevMemError::Cuda { call: "arena trim", reason })
     }
 }
 
@@ -386,5 +393,4 @@ mod tests {
         assert!(u.used_high >= 64 << 20, "peak {} after touching 64 MiB", u.used_high);
         drop(v);
     }
-
 }

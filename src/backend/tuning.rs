@@ -132,7 +132,8 @@ mod tests {
 
     #[test]
     fn values_and_ranges() {
-        let t: Tuning = toml::from_str("cudnn_workspace_min = \"64MiB\"\ncuda_graphs = false\nallocator = \"pool\"\nupload_threads = 3").unwrap();
+        let t: Tuning =
+            toml::from_str("cudnn_workspace_min = \"64MiB\"\ncuda_graphs = false\nallocator = \"pool\"\nupload_threads = 3").unwrap();
         assert_eq!(t.cudnn_workspace_min.0, 64 << 20);
         assert!(!t.cuda_graphs && !t.arena());
         assert_eq!(t.upload_threads(), 3);

@@ -64,7 +64,17 @@ pub fn markdown(rows: &[Row]) -> String {
             Status::Oom => ("**OOM**".into(), "-".into(), "-".into()),
             Status::Error => ("error".into(), "-".into(), "-".into()),
         };
-        s.push_str(&format!("| {} | {} | {} | {} | {} | {} | {} | {} |\n", r.model, r.dtype, r.mode, r.batch, peak, f(r.per_image_mib(), 1), lat, ips));
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.model,
+            r.dtype,
+            r.mode,
+            r.batch,
+            peak,
+            f(r.per_image_mib(), 1),
+            lat,
+            ips
+        ));
     }
     s
 }
@@ -143,10 +153,19 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), ReportError> 
             .caption(if is_mem { "peak device memory (MiB) vs batch" } else { "throughput (img/s) vs batch" }, ("sans-serif", 20))
             .build_cartesian_2d(x_range.clone(), 0f64..if is_mem { max_mem } else { max_ips })
             .map_err(|e| cerr(&e))?;
-        c.configure_mesh().x_desc("batch").y_desc(if is_mem { "MiB" } else { "images / s" }).x_label_formatter(&|v| format!("{v:.0}")).draw().map_err(|e| cerr(&e))?;
+        c.configure_mesh()
+            .x_desc("batch")
+            .y_desc(if is_mem { "MiB" } else { "images / s" })
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .draw()
+            .map_err(|e| cerr(&e))?;
         for (i, (name, rs)) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let pts: Vec<(f64, f64)> = rs.iter().filter(|r| r.status == Status::Ok).filter_map(|r| Some((r.batch as f64, if is_mem { r.peak_mib? } else { r.images_per_s? }))).collect();
+            let pts: Vec<(f64, f64)> = rs
+                .iter()
+                .filter(|r| r.status == Status::Ok)
+                .filter_map(|r| Some((r.batch as f64, if is_mem { r.peak_mib? } else { r.images_per_s? })))
+                .collect();
             let style = ShapeStyle { color, filled: true, stroke_width: 2 };
             c.draw_series(LineSeries::new(pts.clone(), style))
                 .map_err(|e| cerr(&e))?
@@ -155,11 +174,21 @@ pub fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), ReportError> 
             c.draw_series(pts.iter().map(|&p| Circle::new(p, 3, style))).map_err(|e| cerr(&e))?;
             if is_mem {
                 let top = max_mem * 0.98;
-                c.draw_series(rs.iter().filter(|r| r.status == Status::Oom).map(|r| Cross::new((r.batch as f64, top), 6, ShapeStyle { color, filled: false, stroke_width: 3 })))
-                    .map_err(|e| cerr(&e))?;
+                c.draw_series(
+                    rs.iter()
+                        .filter(|r| r.status == Status::Oom)
+                        .map(|r| Cross::new((r.batch as f64, top), 6, ShapeStyle { color, filled: false, stroke_width: 3 })),
+                )
+                .map_err(|e| cerr(&e))?;
             }
         }
-        c.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.8)).border_style(BLACK).label_font(("sans-serif", 13)).draw().map_err(|e| cerr(&e))?;
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(|e| cerr(&e))?;
     }
     root.present().map_err(|e| cerr(&e))?;
     Ok(())

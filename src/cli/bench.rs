@@ -13,13 +13,13 @@ use clap::Args;
 use rayon::prelude::*;
 
 use super::common;
-use yolo_edge::bench::report::{self, Row, Status};
-use yolo_edge::detector::Detector;
+use yolo_edge::backend::device;
 use yolo_edge::backend::devmem::{self, PeakMeter};
+use yolo_edge::bench::report::{self, Row, Status};
+use yolo_edge::detector::warmup as startup;
+use yolo_edge::detector::Detector;
 use yolo_edge::vision::postprocess::Thresholds;
 use yolo_edge::vision::preprocess::{self, DecodeLimits};
-use yolo_edge::backend::device;
-use yolo_edge::detector::warmup as startup;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -75,7 +75,8 @@ fn parse_batches(s: &str, max_batch: usize) -> anyhow::Result<Vec<usize>> {
     if s.trim() == "auto" {
         return Ok(std::iter::successors(Some(1usize), |b| b.checked_mul(2)).take_while(|&b| b <= max_batch).collect());
     }
-    let mut v = s.split(',').map(|t| t.trim().parse::<usize>().with_context(|| format!("batch `{t}`"))).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut v =
+        s.split(',').map(|t| t.trim().parse::<usize>().with_context(|| format!("batch `{t}`"))).collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(v.iter().all(|&b| b >= 1), "batch sizes must be at least 1");
     v.sort_unstable();
     v.dedup();
@@ -89,7 +90,11 @@ fn collect_images(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
             let mut v: Vec<PathBuf> = std::fs::read_dir(p)
                 .with_context(|| format!("reading {}", p.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().and_then(|e| e.to_str()).is_some_and(|e| matches!(e.to_ascii_lowercase().as_str(), "jpg" | "jpeg" | "png" | "bmp" | "webp")))
+                .filter(|f| {
+                    f.extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| matches!(e.to_ascii_lowercase().as_str(), "jpg" | "jpeg" | "png" | "bmp" | "webp"))
+                })
                 .collect();
             v.sort();
             out.extend(v);
@@ -159,13 +164,30 @@ fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Pat
     let path = out.join("profile.csv");
     let header = if path.exists() { "" } else { "model,batch,op,calls,ms,share\n" };
     use std::io::Write;
-    let _ = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| f.write_all(format!("{header}{csv}").as_bytes()));
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(format!("{header}{csv}").as_bytes()));
     Ok(())
 }
 
 /// Times one (model, dtype, mode, batch); errors become rows.
 fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch: usize, images: &[PathBuf], a: &BenchArgs) -> Row {
-    let mut row = Row { model: name.into(), dtype: device::dtype_name(det.dtype()).into(), mode: mode.into(), batch, status: Status::Ok, latency_ms: None, min_ms: None, max_ms: None, images_per_s: None, peak_mib: None, iters: 0, error: None };
+    let mut row = Row {
+        model: name.into(),
+        dtype: device::dtype_name(det.dtype()).into(),
+        mode: mode.into(),
+        batch,
+        status: Status::Ok,
+        latency_ms: None,
+        min_ms: None,
+        max_ms: None,
+        images_per_s: None,
+        peak_mib: None,
+        iters: 0,
+        error: None,
+    };
     let iters = a.iters.min(512 / batch).max(3);
     let r = (|| -> candle_core::Result<(Vec<f64>, u64)> {
         let s = det.imgsz();
@@ -242,7 +264,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let meter = PeakMeter::new(&dev);
     let mem0 = devmem::device_memory(&dev)?;
-    eprintln!("device {} free {:.0} MiB of {:.0} MiB ({:?}); compute cache {:?}", device::device_name(&dev), mem0.free as f64 / 1048576.0, mem0.total as f64 / 1048576.0, mem0.source, cache);
+    eprintln!(
+        "device {} free {:.0} MiB of {:.0} MiB ({:?}); compute cache {:?}",
+        device::device_name(&dev),
+        mem0.free as f64 / 1048576.0,
+        mem0.total as f64 / 1048576.0,
+        mem0.source,
+        cache
+    );
     let mut rows = Vec::new();
     let mut starts = Vec::new();
     for spec in &specs {
@@ -252,7 +281,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             dev.synchronize()?;
             let load_ms = t0.elapsed().as_secs_f64() * 1e3;
             let st = startup::warm_up(&det, load_ms).context("first forward pass")?;
-            eprintln!("{name} {}: load {:.0} ms, first forward {:.1} ms, second {:.1} ms", device::dtype_name(dtype), st.load_ms, st.first_forward_ms, st.second_forward_ms);
+            eprintln!(
+                "{name} {}: load {:.0} ms, first forward {:.1} ms, second {:.1} ms",
+                device::dtype_name(dtype),
+                st.load_ms,
+                st.first_forward_ms,
+                st.second_forward_ms
+            );
             starts.push(serde_json::json!({"model": name, "dtype": device::dtype_name(dtype), "startup": st}));
             // batch 1 on CUDA replays a captured graph, as in the agent (`--cuda-graphs off`: eager)
             det.use_graphs(true);

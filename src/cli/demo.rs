@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use yolo_edge::agent::AgentError;
 use yolo_edge::agent::config::BatchSpec;
+use yolo_edge::agent::AgentError;
 use yolo_edge::demo::{self, DemoError, DemoOptions};
 
 use super::exit;
@@ -72,7 +72,9 @@ pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
                 DemoError::Agent(a) => match *a {
                     AgentError::Config(e) => Err(e.into()),
                     AgentError::Device(e) => Err(e.into()),
-                    AgentError::Model { path, source } => Err(anyhow::Error::new(source).context(format!("cannot load model {}", path.display()))),
+                    AgentError::Model { path, source } => {
+                        Err(anyhow::Error::new(source).context(format!("cannot load model {}", path.display())))
+                    }
                     a => Err(a.into()),
                 },
                 e => {

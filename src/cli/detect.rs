@@ -10,11 +10,11 @@ use candle_core::Tensor;
 use clap::Args;
 use rayon::prelude::*;
 
+use yolo_edge::backend::device;
 use yolo_edge::detector::Detector;
+use yolo_edge::vision::annotate;
 use yolo_edge::vision::postprocess::Thresholds;
 use yolo_edge::vision::preprocess::{self, DecodeLimits, Letterboxed};
-use yolo_edge::backend::device;
-use yolo_edge::vision::annotate;
 
 #[derive(Args)]
 pub struct DetectArgs {
@@ -96,7 +96,11 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
             if a.raw_out.is_some() {
                 raws.push(raw.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?);
             }
-            cands.into_iter().zip(&ok).map(|(c, lb)| yolo_edge::vision::postprocess::finish(c, &th, &lb.geometry, &det.info().names)).collect()
+            cands
+                .into_iter()
+                .zip(&ok)
+                .map(|(c, lb)| yolo_edge::vision::postprocess::finish(c, &th, &lb.geometry, &det.info().names))
+                .collect()
         }
         .into_iter();
         for (path, prep) in chunk.iter().zip(prepared) {

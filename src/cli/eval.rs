@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use yolo_edge::detector::Detector;
 use yolo_edge::backend::device;
+use yolo_edge::detector::Detector;
 use yolo_edge::eval::{self, dataset::Dataset, EvalOptions, EvalReport};
 use yolo_edge::vision::postprocess::Thresholds;
 
@@ -61,7 +61,11 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
     let dtype = device::parse_dtype(&a.dtype, &dev)?;
     let det = Detector::load(&a.model, &dev, dtype, a.imgsz).with_context(|| format!("loading model {}", a.model.display()))?;
     if !ds.names.is_empty() && ds.names != det.info().names {
-        eprintln!("warning: the dataset's classes {:?} differ from the model's {:?}; the dataset's names are shown", ds.names, det.info().names);
+        eprintln!(
+            "warning: the dataset's classes {:?} differ from the model's {:?}; the dataset's names are shown",
+            ds.names,
+            det.info().names
+        );
     }
     eprintln!(
         "evaluating {} on {} images of `{}` ({}) at {}x{}, {} {}",
@@ -74,7 +78,8 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
         device::device_name(&dev),
         device::dtype_name(dtype)
     );
-    let opts = EvalOptions { thresholds: Thresholds { conf: a.conf, iou: a.iou, max_det: a.max_det }, batch: a.batch, ..Default::default() };
+    let opts =
+        EvalOptions { thresholds: Thresholds { conf: a.conf, iou: a.iou, max_det: a.max_det }, batch: a.batch, ..Default::default() };
     let mut last_pct = 0;
     let mut progress = |done: usize, total: usize| {
         let pct = done * 10 / total.max(1);
@@ -117,7 +122,13 @@ pub fn format_table(r: &EvalReport) -> String {
     }
     s += &format!(
         "{} images in {:.1} s ({:.1} images/s), {} skipped; conf {} iou {} imgsz {}\n",
-        r.images, r.seconds, r.images_per_second, r.skipped.len(), r.conf, r.iou, r.imgsz
+        r.images,
+        r.seconds,
+        r.images_per_second,
+        r.skipped.len(),
+        r.conf,
+        r.iou,
+        r.imgsz
     );
     s
 }

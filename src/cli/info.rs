@@ -46,4 +46,3 @@ pub fn run(a: InfoArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
-

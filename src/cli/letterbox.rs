@@ -31,4 +31,3 @@ pub fn run(a: LetterboxArgs) -> anyhow::Result<ExitCode> {
     eprintln!("{} -> {} ({:?})", image.display(), out.display(), lb.geometry);
     Ok(ExitCode::SUCCESS)
 }
-

@@ -7,10 +7,10 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 
-use yolo_edge::backend::devmem::{self, PeakMeter};
-use yolo_edge::planner::{self, Budget, DetectorProber, MemoryTelemetry, PlannerConfig, MIB};
 use yolo_edge::backend::device;
+use yolo_edge::backend::devmem::{self, PeakMeter};
 use yolo_edge::detector::warmup as startup;
+use yolo_edge::planner::{self, Budget, DetectorProber, MemoryTelemetry, PlannerConfig, MIB};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -143,13 +143,24 @@ fn sweep(prober: &DetectorProber, plan: &planner::Plan, repeats: usize) -> Sweep
     }
     points.sort_by_key(|p| p.batch);
     let worst = points.iter().filter(|p| p.batch <= plan.batch).filter_map(|p| p.error).fold(0.0f64, |a, e| a.max(e.abs()));
-    Sweep { largest_fitting: ok, chosen_share: if ok > 0 { plan.batch as f64 / ok as f64 } else { 0.0 }, worst_error_to_chosen: worst, points }
+    Sweep {
+        largest_fitting: ok,
+        chosen_share: if ok > 0 { plan.batch as f64 / ok as f64 } else { 0.0 },
+        worst_error_to_chosen: worst,
+        points,
+    }
 }
 
 /// `--soak`: batches at the chosen size through the agent's path. With `--memory-limit` on a
 /// GPU that has more free memory than the limit, the rest is taken first by a ballast
 /// allocation, so that the soak runs with only the limit free, as on the emulated box.
-fn soak(det: &yolo_edge::detector::Detector, batch: usize, n: usize, max_s: f64, limit: Option<u64>) -> anyhow::Result<(planner::Soak, u64)> {
+fn soak(
+    det: &yolo_edge::detector::Detector,
+    batch: usize,
+    n: usize,
+    max_s: f64,
+    limit: Option<u64>,
+) -> anyhow::Result<(planner::Soak, u64)> {
     let dev = det.device();
     let mut ballast_bytes = 0u64;
     let ballast = match (limit, dev.is_cuda()) {
@@ -202,9 +213,23 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("model        {name} on {} in {} at {}x{}", device::device_name(&dev), device::dtype_name(dtype), a.imgsz, a.imgsz);
-        println!("budget       {:.1} MiB (free {:.1} MiB of {:.1} MiB, {:?}; limit {}; fraction {})", plan.budget.bytes as f64 / MIB, plan.budget.free as f64 / MIB, plan.budget.total as f64 / MIB, plan.budget.source, cfg.memory_limit.map_or("none".into(), |l| format!("{:.1} MiB", l as f64 / MIB)), cfg.memory_fraction);
+        println!(
+            "budget       {:.1} MiB (free {:.1} MiB of {:.1} MiB, {:?}; limit {}; fraction {})",
+            plan.budget.bytes as f64 / MIB,
+            plan.budget.free as f64 / MIB,
+            plan.budget.total as f64 / MIB,
+            plan.budget.source,
+            cfg.memory_limit.map_or("none".into(), |l| format!("{:.1} MiB", l as f64 / MIB)),
+            cfg.memory_fraction
+        );
         println!("memory model {:.1} MiB fixed + {:.2} MiB per image", plan.fit.fixed / MIB, plan.fit.per_image / MIB);
-        println!("batch        {} (max {}): predicted peak {:.1} MiB, verified {:.1} MiB", plan.batch, plan.max_batch, plan.predicted_peak as f64 / MIB, plan.verified_peak as f64 / MIB);
+        println!(
+            "batch        {} (max {}): predicted peak {:.1} MiB, verified {:.1} MiB",
+            plan.batch,
+            plan.max_batch,
+            plan.predicted_peak as f64 / MIB,
+            plan.verified_peak as f64 / MIB
+        );
         println!("steps");
         for s in &plan.steps {
             println!(
@@ -229,16 +254,38 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
                     p.predicted as f64 / MIB,
                     p.measured.map_or("-".into(), |m| format!("{:.1}", m as f64 / MIB)),
                     p.error.map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
-                    if p.oom { "out of memory" } else if p.fits { "fits" } else { "over budget" }
+                    if p.oom {
+                        "out of memory"
+                    } else if p.fits {
+                        "fits"
+                    } else {
+                        "over budget"
+                    }
                 );
             }
-            println!("  largest batch that fits: {} (chosen {} = {:.0}%); worst error up to the chosen batch {:.1}%", sw.largest_fitting, plan.batch, sw.chosen_share * 100.0, sw.worst_error_to_chosen * 100.0);
+            println!(
+                "  largest batch that fits: {} (chosen {} = {:.0}%); worst error up to the chosen batch {:.1}%",
+                sw.largest_fitting,
+                plan.batch,
+                sw.chosen_share * 100.0,
+                sw.worst_error_to_chosen * 100.0
+            );
         }
         if let Some((k, ballast)) = &soaked {
-            let held = if *ballast > 0 { format!(", {:.0} MiB held by a ballast so that only the limit is free", *ballast as f64 / MIB) } else { String::new() };
+            let held = if *ballast > 0 {
+                format!(", {:.0} MiB held by a ballast so that only the limit is free", *ballast as f64 / MIB)
+            } else {
+                String::new()
+            };
             println!(
                 "soak         {} passes at batch {} in {:.1} s: {} out of memory; peak {:.1} MiB ({} the budget of {:.1} MiB){held}",
-                k.passes, k.batch, k.seconds, k.oom, k.peak as f64 / MIB, if k.peak <= plan.budget.bytes { "within" } else { "OVER" }, plan.budget.bytes as f64 / MIB
+                k.passes,
+                k.batch,
+                k.seconds,
+                k.oom,
+                k.peak as f64 / MIB,
+                if k.peak <= plan.budget.bytes { "within" } else { "OVER" },
+                plan.budget.bytes as f64 / MIB
             );
             let s = &k.stages;
             println!(
@@ -246,7 +293,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
                 s.batches, s.upload_ms, s.model_ms, s.candidates_ms
             );
         }
-        println!("planned in {plan_ms:.0} ms (startup: load {:.0} ms, first forward {:.1} ms, second {:.1} ms)", st.load_ms, st.first_forward_ms, st.second_forward_ms);
+        println!(
+            "planned in {plan_ms:.0} ms (startup: load {:.0} ms, first forward {:.1} ms, second {:.1} ms)",
+            st.load_ms, st.first_forward_ms, st.second_forward_ms
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -25,7 +25,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(yolo_edge::agent::AgentError::Config(e)) => Err(e.into()),
         Err(yolo_edge::agent::AgentError::Device(e)) => Err(e.into()),
-        Err(yolo_edge::agent::AgentError::Model { path, source }) => Err(anyhow::Error::new(source).context(format!("cannot load model {}", path.display()))),
+        Err(yolo_edge::agent::AgentError::Model { path, source }) => {
+            Err(anyhow::Error::new(source).context(format!("cannot load model {}", path.display())))
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -45,10 +45,14 @@ pub fn external(addr: &str, timeout: Duration) -> Result<BrokerAddr, BrokerError
     if host.is_empty() {
         return Err(bad());
     }
-    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| BrokerError::Unreachable { addr: addr.to_string(), reason: e.to_string() })?.collect();
+    let addrs: Vec<SocketAddr> =
+        (host, port).to_socket_addrs().map_err(|e| BrokerError::Unreachable { addr: addr.to_string(), reason: e.to_string() })?.collect();
     let reached = addrs.iter().any(|a| TcpStream::connect_timeout(a, timeout).is_ok());
     if !reached {
-        return Err(BrokerError::Unreachable { addr: addr.to_string(), reason: format!("no TCP connection within {} s", timeout.as_secs()) });
+        return Err(BrokerError::Unreachable {
+            addr: addr.to_string(),
+            reason: format!("no TCP connection within {} s", timeout.as_secs()),
+        });
     }
     Ok(BrokerAddr { host: host.to_string(), port, embedded: false })
 }
@@ -93,7 +97,13 @@ fn embedded_config(port: u16) -> rumqttd::Config {
         external_auth: None,
         dynamic_filters: true,
     };
-    let server = rumqttd::ServerSettings { name: "demo-v4".into(), listen: SocketAddr::from(([127, 0, 0, 1], port)), tls: None, next_connection_delay_ms: 1, connections };
+    let server = rumqttd::ServerSettings {
+        name: "demo-v4".into(),
+        listen: SocketAddr::from(([127, 0, 0, 1], port)),
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections,
+    };
     rumqttd::Config {
         id: 0,
         router: rumqttd::RouterConfig {

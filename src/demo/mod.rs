@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use crate::agent::{self, AgentError};
 use crate::agent::config::BatchSpec;
+use crate::agent::{self, AgentError};
 use samples::SampleImage;
 
 pub use broker::{BrokerAddr, BrokerError};
@@ -122,7 +122,11 @@ impl WorkDir {
     fn create() -> Result<Self, DemoError> {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let path = std::env::temp_dir().join(format!("yolo-edge-demo-{}-{nanos:08x}", std::process::id()));
-        std::fs::create_dir(&path).map_err(|source| DemoError::Io { what: "cannot create the demo's folder", path: path.clone(), source })?;
+        std::fs::create_dir(&path).map_err(|source| DemoError::Io {
+            what: "cannot create the demo's folder",
+            path: path.clone(),
+            source,
+        })?;
         Ok(Self { path, keep: false })
     }
 }
@@ -251,7 +255,11 @@ fn run_in(o: &DemoOptions, dir: &Path, t0: Instant, deadline: Instant, out: &mut
         Some(p) => std::path::absolute(p).map_err(|source| DemoError::Io { what: "cannot resolve", path: p.clone(), source })?,
         None => {
             let p = dir.join(DEFAULT_MODEL_NAME);
-            std::fs::write(&p, DEFAULT_MODEL).map_err(|source| DemoError::Io { what: "cannot write the default model to", path: p.clone(), source })?;
+            std::fs::write(&p, DEFAULT_MODEL).map_err(|source| DemoError::Io {
+                what: "cannot write the default model to",
+                path: p.clone(),
+                source,
+            })?;
             p
         }
     };
@@ -264,13 +272,36 @@ fn run_in(o: &DemoOptions, dir: &Path, t0: Instant, deadline: Instant, out: &mut
         s.image.save_with_format(&tmp, image::ImageFormat::Png).map_err(|source| DemoError::Image { path: tmp.clone(), source })?;
         std::fs::rename(&tmp, &path).map_err(|source| DemoError::Io { what: "cannot move into place", path: path.clone(), source })?;
     }
-    say(out, format!("samples     {} picture{} ({} objects drawn) in {}", set.len(), if set.len() == 1 { "" } else { "s" }, set.iter().map(|s| s.1.objects.len()).sum::<usize>(), input.display()));
-    say(out, format!("model       {}", if o.model.is_some() { model.display().to_string() } else { format!("{DEFAULT_MODEL_NAME} (built in, {})", report::bytes(DEFAULT_MODEL.len() as u64)) }));
+    say(
+        out,
+        format!(
+            "samples     {} picture{} ({} objects drawn) in {}",
+            set.len(),
+            if set.len() == 1 { "" } else { "s" },
+            set.iter().map(|s| s.1.objects.len()).sum::<usize>(),
+            input.display()
+        ),
+    );
+    say(
+        out,
+        format!(
+            "model       {}",
+            if o.model.is_some() {
+                model.display().to_string()
+            } else {
+                format!("{DEFAULT_MODEL_NAME} (built in, {})", report::bytes(DEFAULT_MODEL.len() as u64))
+            }
+        ),
+    );
 
     let device_id = format!("demo-{}", std::process::id());
     let cfg_path = dir.join("agent.toml");
     let text = agent_config(dir, &model, &broker, &device_id, o)?;
-    std::fs::write(&cfg_path, text).map_err(|source| DemoError::Io { what: "cannot write the agent's config", path: cfg_path.clone(), source })?;
+    std::fs::write(&cfg_path, text).map_err(|source| DemoError::Io {
+        what: "cannot write the agent's config",
+        path: cfg_path.clone(),
+        source,
+    })?;
 
     let stop_sub = Arc::new(AtomicBool::new(false));
     let base = format!("{PREFIX}/{device_id}/");
@@ -389,7 +420,9 @@ mod tests {
             assert_eq!((c.device.imgsz, c.device.device.as_str()), (DEFAULT_IMGSZ, "cpu"));
             assert_eq!(c.mqtt.topic("status"), "yolo-edge/demo-1/status");
             assert_eq!(c.mqtt.port, 18830);
-            assert!(matches!(&c.sources[0], crate::agent::config::SourceConfig::Folder { id, path, .. } if id == SOURCE && path == &dir.join("in")));
+            assert!(
+                matches!(&c.sources[0], crate::agent::config::SourceConfig::Folder { id, path, .. } if id == SOURCE && path == &dir.join("in"))
+            );
             assert_eq!(c.model.path, dir.join("m.safetensors"));
         }
     }
@@ -403,6 +436,9 @@ mod tests {
         assert_eq!(sample_set(120)[0].0, "sample-001.png");
         use sha2::Digest;
         // models/README.md's sha256 of the committed file
-        assert_eq!(format!("{:x}", sha2::Sha256::digest(DEFAULT_MODEL)), "182a7e7c142895327ea6620f07071d8335dc50875a26d809bbcd9b9881257191");
+        assert_eq!(
+            format!("{:x}", sha2::Sha256::digest(DEFAULT_MODEL)),
+            "182a7e7c142895327ea6620f07071d8335dc50875a26d809bbcd9b9881257191"
+        );
     }
 }

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::time::{Duration, Instant};
 
-use crate::eval::metrics::{match_predictions, LabeledBox};
 use crate::agent::messages::{self, EventBody, Message, Status};
-use crate::vision::postprocess::Detection;
 use crate::demo::samples::{DrawnObject, Shape};
+use crate::eval::metrics::{match_predictions, LabeledBox};
+use crate::vision::postprocess::Detection;
 
 /// The sample classes, in class-id order (what the check needs the model to know).
 pub const SAMPLE_CLASSES: [Shape; 5] = [Shape::Circle, Shape::Square, Shape::Triangle, Shape::Star, Shape::Ring];
@@ -197,7 +197,10 @@ impl Observer {
             imgsz: info.map(|i| i.imgsz as u64),
             batch: plan.map(|p| p.startup),
             batch_reason: plan.map(|p| p.reason.clone()),
-            batch_sizes_seen: { sizes.dedup(); sizes },
+            batch_sizes_seen: {
+                sizes.dedup();
+                sizes
+            },
             memory_peak: self.peak_high_water,
             device_total: tel.and_then(|t| t.device_memory.total),
             device_free: tel.and_then(|t| t.device_memory.free),
@@ -266,12 +269,30 @@ impl fmt::Display for Summary {
         writeln!(f, "  detections  {total}{}", if per.is_empty() { String::new() } else { format!(" ({})", per.join(", ")) })?;
         match &self.check {
             Some(c) => {
-                let per: Vec<String> = SAMPLE_CLASSES.iter().map(|s| format!("{} {}/{}", s.name(), c.found[s.class_id()], c.drawn[s.class_id()])).collect();
-                writeln!(f, "  check       {} of {} drawn objects found (IoU >= {MATCH_IOU}, right class): {}; {} other detections", c.found_total(), c.drawn_total(), per.join(", "), c.extra)?;
+                let per: Vec<String> =
+                    SAMPLE_CLASSES.iter().map(|s| format!("{} {}/{}", s.name(), c.found[s.class_id()], c.drawn[s.class_id()])).collect();
+                writeln!(
+                    f,
+                    "  check       {} of {} drawn objects found (IoU >= {MATCH_IOU}, right class): {}; {} other detections",
+                    c.found_total(),
+                    c.drawn_total(),
+                    per.join(", "),
+                    c.extra
+                )?;
             }
-            None => writeln!(f, "  check       skipped: the model's classes are not the samples' ({})", SAMPLE_CLASSES.map(Shape::name).join(", "))?,
+            None => writeln!(
+                f,
+                "  check       skipped: the model's classes are not the samples' ({})",
+                SAMPLE_CLASSES.map(Shape::name).join(", ")
+            )?,
         }
-        writeln!(f, "  model       {} on {}{}", self.model.as_deref().unwrap_or("?"), self.device, self.imgsz.map(|s| format!(", {s} x {s} input")).unwrap_or_default())?;
+        writeln!(
+            f,
+            "  model       {} on {}{}",
+            self.model.as_deref().unwrap_or("?"),
+            self.device,
+            self.imgsz.map(|s| format!(", {s} x {s} input")).unwrap_or_default()
+        )?;
         let seen: Vec<String> = self.batch_sizes_seen.iter().map(u64::to_string).collect();
         writeln!(
             f,
@@ -285,13 +306,23 @@ impl fmt::Display for Summary {
             let _ = write!(mem, "; device {} total, {} free", bytes(t), bytes(free));
             if let Some(frac) = self.memory_fraction {
                 let base = self.memory_limit.map_or(free, |l| l.min(free));
-                let _ = write!(mem, "; budget {} = {frac} x {}", bytes((base as f64 * frac) as u64), if self.memory_limit.is_some() { "min(free, memory_limit)" } else { "free" });
+                let _ = write!(
+                    mem,
+                    "; budget {} = {frac} x {}",
+                    bytes((base as f64 * frac) as u64),
+                    if self.memory_limit.is_some() { "min(free, memory_limit)" } else { "free" }
+                );
             }
         }
         writeln!(f, "  memory      {mem}")?;
         let mut thr = match self.processing {
             Some(d) if d > Duration::ZERO && self.reported > 0 => {
-                format!("{:.1} img/s ({} pictures in {:.2} s, online to last detection)", self.reported as f64 / d.as_secs_f64(), self.reported, d.as_secs_f64())
+                format!(
+                    "{:.1} img/s ({} pictures in {:.2} s, online to last detection)",
+                    self.reported as f64 / d.as_secs_f64(),
+                    self.reported,
+                    d.as_secs_f64()
+                )
             }
             _ => "not measured".into(),
         };
@@ -329,7 +360,13 @@ pub fn detection_line(name: &str, dets: &[Detection]) -> String {
             format!("{} {:.2} [{x1} {y1} {x2} {y2}]", d.label, d.confidence)
         })
         .collect();
-    format!("detections  {name}  {} detection{}{}{}", dets.len(), if dets.len() == 1 { "" } else { "s" }, if list.is_empty() { "" } else { ": " }, list.join(", "))
+    format!(
+        "detections  {name}  {} detection{}{}{}",
+        dets.len(),
+        if dets.len() == 1 { "" } else { "s" },
+        if list.is_empty() { "" } else { ": " },
+        list.join(", ")
+    )
 }
 
 fn telemetry_line(t: &messages::Telemetry) -> String {
@@ -459,7 +496,10 @@ mod tests {
             reason: "truncated".into(),
         });
         let line = o.on_message("events", &serde_json::to_vec(&ev).unwrap(), t).unwrap().line;
-        assert!(line.starts_with("event       input_rejected {") && line.contains(r#""reason":"truncated""#) && !line.contains(r#""v":"#), "{line}");
+        assert!(
+            line.starts_with("event       input_rejected {") && line.contains(r#""reason":"truncated""#) && !line.contains(r#""v":"#),
+            "{line}"
+        );
         assert!(!line.contains(r#""type":"#), "{line}");
         assert!(o.complete());
         assert_eq!(o.failed["b.png"], "decode: truncated");

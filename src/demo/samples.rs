@@ -48,7 +48,14 @@ impl SampleImage {
             .iter()
             .map(|o| {
                 let b = o.bbox;
-                format!("{} {:.6} {:.6} {:.6} {:.6}\n", o.shape.class_id(), (b[0] + b[2]) / 2.0 / w, (b[1] + b[3]) / 2.0 / h, (b[2] - b[0]) / w, (b[3] - b[1]) / h)
+                format!(
+                    "{} {:.6} {:.6} {:.6} {:.6}\n",
+                    o.shape.class_id(),
+                    (b[0] + b[2]) / 2.0 / w,
+                    (b[1] + b[3]) / 2.0 / h,
+                    (b[2] - b[0]) / w,
+                    (b[3] - b[1]) / h
+                )
             })
             .collect()
     }
@@ -138,10 +145,28 @@ pub fn scenes() -> Vec<SampleImage> {
     let scenes: [(u32, u32, &[Obj]); 6] = [
         (416, 320, &[(Circle, 90.0, 90.0, 50.0, 0.0), (Square, 250.0, 100.0, 60.0, 0.3), (Star, 330.0, 240.0, 55.0, 0.1)]),
         (320, 416, &[(Triangle, 100.0, 110.0, 60.0, 0.5), (Ring, 210.0, 290.0, 70.0, 0.0)]),
-        (416, 416, &[(Star, 100.0, 100.0, 65.0, 0.7), (Circle, 300.0, 110.0, 40.0, 0.0), (Triangle, 150.0, 300.0, 55.0, 1.2), (Square, 310.0, 300.0, 50.0, 0.0)]),
+        (
+            416,
+            416,
+            &[
+                (Star, 100.0, 100.0, 65.0, 0.7),
+                (Circle, 300.0, 110.0, 40.0, 0.0),
+                (Triangle, 150.0, 300.0, 55.0, 1.2),
+                (Square, 310.0, 300.0, 50.0, 0.0),
+            ],
+        ),
         (400, 300, &[(Ring, 110.0, 150.0, 80.0, 0.0), (Star, 300.0, 150.0, 70.0, 0.3)]),
         (360, 360, &[(Square, 110.0, 250.0, 70.0, 0.8), (Circle, 250.0, 90.0, 60.0, 0.0), (Ring, 280.0, 270.0, 45.0, 0.0)]),
-        (416, 352, &[(Triangle, 300.0, 120.0, 75.0, 2.0), (Square, 100.0, 90.0, 45.0, 0.2), (Star, 120.0, 260.0, 60.0, 0.0), (Circle, 300.0, 280.0, 45.0, 0.0)]),
+        (
+            416,
+            352,
+            &[
+                (Triangle, 300.0, 120.0, 75.0, 2.0),
+                (Square, 100.0, 90.0, 45.0, 0.2),
+                (Star, 120.0, 260.0, 60.0, 0.0),
+                (Circle, 300.0, 280.0, 45.0, 0.0),
+            ],
+        ),
     ];
     let colours = [[220, 40, 40], [30, 160, 60], [40, 70, 220], [240, 200, 30], [160, 40, 190], [20, 20, 20]];
     let (top, bottom) = ([200.0, 205.0, 215.0], [120.0, 135.0, 150.0]);
@@ -156,7 +181,10 @@ pub fn scenes() -> Vec<SampleImage> {
             let objects = objs
                 .iter()
                 .enumerate()
-                .map(|(k, &(shape, cx, cy, r, angle))| DrawnObject { shape, bbox: paint(&mut image, shape, cx, cy, r, angle, colours[(i + k) % colours.len()]) })
+                .map(|(k, &(shape, cx, cy, r, angle))| DrawnObject {
+                    shape,
+                    bbox: paint(&mut image, shape, cx, cy, r, angle, colours[(i + k) % colours.len()]),
+                })
                 .collect();
             SampleImage { image, objects }
         })

@@ -8,10 +8,10 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::backend::upload::Uploader;
 use crate::model::{BuildOptions, ModelError, ModelInfo, YoloV9};
 use crate::vision::postprocess::{self, Candidate, Detection, Thresholds};
 use crate::vision::preprocess::Letterboxed;
-use crate::backend::upload::Uploader;
 use crate::weights::Checkpoint;
 
 /// After a capture or launch runs out of memory, passes run eagerly for this long before a
@@ -142,7 +142,11 @@ impl Detector {
     fn graphed(&self, x: &Tensor) -> Option<Tensor> {
         use crate::backend::cuda::graph::GraphedForward;
         let b = x.dim(0).ok()?;
-        if b != 1 || !self.graphs.load(std::sync::atomic::Ordering::Relaxed) || !x.device().is_cuda() || !crate::backend::tuning::get().cuda_graphs {
+        if b != 1
+            || !self.graphs.load(std::sync::atomic::Ordering::Relaxed)
+            || !x.device().is_cuda()
+            || !crate::backend::tuning::get().cuda_graphs
+        {
             return None;
         }
         let mut g = self.graph.lock().ok()?;

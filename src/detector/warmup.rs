@@ -34,5 +34,10 @@ pub fn warm_up(det: &Detector, load_ms: f64) -> candle_core::Result<StartupTimes
         *slot = t0.elapsed().as_secs_f64() * 1e3;
         drop(y);
     }
-    Ok(StartupTimes { load_ms, first_forward_ms: t[0], second_forward_ms: t[1], compute_cache: if dev.is_cuda() { crate::env::configure_compute_cache().map(|p| p.display().to_string()) } else { None } })
+    Ok(StartupTimes {
+        load_ms,
+        first_forward_ms: t[0],
+        second_forward_ms: t[1],
+        compute_cache: if dev.is_cuda() { crate::env::configure_compute_cache().map(|p| p.display().to_string()) } else { None },
+    })
 }

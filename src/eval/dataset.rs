@@ -145,7 +145,11 @@ fn list_from_txt(txt: &Path, root: &Path) -> Result<Vec<Sample>, DatasetError> {
         .filter(|l| !l.is_empty())
         .map(|l| {
             let p = Path::new(l.strip_prefix("./").unwrap_or(l));
-            if p.is_absolute() { p.to_path_buf() } else { root.join(p) }
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                root.join(p)
+            }
         })
         .filter(|p| is_image(p))
         .collect();
@@ -298,7 +302,9 @@ impl DataYaml {
             let (k, v) = (k.trim(), v.trim());
             match k {
                 "names" if v.is_empty() => in_names = true,
-                "names" if v.starts_with('[') && v.ends_with(']') => out.names = split_flow(&v[1..v.len() - 1]).iter().map(|s| unquote(s)).collect(),
+                "names" if v.starts_with('[') && v.ends_with(']') => {
+                    out.names = split_flow(&v[1..v.len() - 1]).iter().map(|s| unquote(s)).collect()
+                }
                 "names" if v.starts_with('{') && v.ends_with('}') => {
                     for item in split_flow(&v[1..v.len() - 1]) {
                         let (a, b) = item.split_once(':').ok_or((i + 1, format!("`{item}` is not `index: name`")))?;
@@ -367,7 +373,10 @@ mod tests {
 
     #[test]
     fn bad_labels_are_rejected_with_their_line() {
-        assert_eq!(parse_labels("0 0.5 0.5 0.2\n", None), Err(LabelError::Line { line: 1, reason: "4 values: expected `class cx cy w h` or `class x1 y1 x2 y2 x3 y3 ...`".into() }));
+        assert_eq!(
+            parse_labels("0 0.5 0.5 0.2\n", None),
+            Err(LabelError::Line { line: 1, reason: "4 values: expected `class cx cy w h` or `class x1 y1 x2 y2 x3 y3 ...`".into() })
+        );
         assert!(parse_labels("0 0.5 0.5 0.2 0.2\n1.5 0.5 0.5 0.2 0.2", None).is_err());
         assert!(parse_labels("-1 0.5 0.5 0.2 0.2", None).is_err());
         assert!(parse_labels("3 0.5 0.5 0.2 0.2", Some(3)).is_err());

@@ -107,7 +107,16 @@ impl Conv {
 
     /// Finishes a folded layer; `convert` records it under `<prefix>[.name].weight/.bias`.
     #[allow(clippy::too_many_arguments)]
-    fn from_parts(vb: &Vb, name: &str, w: Tensor, b: Tensor, stride: usize, padding: usize, groups: usize, act: bool) -> Result<Self, ModelError> {
+    fn from_parts(
+        vb: &Vb,
+        name: &str,
+        w: Tensor,
+        b: Tensor,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+        act: bool,
+    ) -> Result<Self, ModelError> {
         let (dev, dt) = (vb.device(), vb.dtype());
         let dot = if name.is_empty() { String::new() } else { format!("{name}.") };
         vb.export(&format!("{dot}weight"), &w)?;
@@ -165,7 +174,13 @@ impl Conv {
         }
         let (c_out, cin_g, k, _) = self.weight.dims4()?;
         let c_in = x.dim(1)?;
-        let y = if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 && !crate::backend::conv::cudnn_takes(x) {
+        let y = if self.groups > 1
+            && self.groups == c_in
+            && cin_g == 1
+            && c_out == c_in
+            && self.stride == 1
+            && !crate::backend::conv::cudnn_takes(x)
+        {
             depthwise(x, &self.weight, k, self.padding)?
         } else if self.groups == 1 && x.device().is_cpu() {
             im2col_gemm(x, &self.weight, self.stride, self.padding)?
@@ -275,17 +290,31 @@ impl Conv {
         {
             let y = crate::backend::profile::scope(
                 || format!("{} +bias+act (fused)", self.op_name(x0)),
-                || crate::backend::cpu::conv::conv2d(xs, &self.weight, self.packed.as_deref(), &self.bias, s, self.padding, self.act, residual),
+                || {
+                    crate::backend::cpu::conv::conv2d(
+                        xs,
+                        &self.weight,
+                        self.packed.as_deref(),
+                        &self.bias,
+                        s,
+                        self.padding,
+                        self.act,
+                        residual,
+                    )
+                },
             )?;
             count_macs(&self.weight, &y);
             return Ok(y);
         }
         #[cfg(feature = "cuda")]
-        if self.calib.is_none() && x0.device().is_cuda()  {
+        if self.calib.is_none() && x0.device().is_cuda() {
             let x = if xs.len() == 1 { (*x0).clone() } else { crate::backend::profile::scope(|| "concat".into(), || self.lay.cat_c(xs))? };
             let y = crate::backend::profile::scope(|| self.op_name(&x), || self.conv(&x))?;
-            let what = || format!("{}{} (fused)", if self.act { "bias+silu" } else { "bias" }, if residual.is_some() { "+residual" } else { "" });
-            return crate::backend::profile::scope(what, || crate::backend::cuda::epilogue::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc));
+            let what =
+                || format!("{}{} (fused)", if self.act { "bias+silu" } else { "bias" }, if residual.is_some() { "+residual" } else { "" });
+            return crate::backend::profile::scope(what, || {
+                crate::backend::cuda::epilogue::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc)
+            });
         }
         let y = if xs.len() == 1 { self.forward_one(x0)? } else { self.forward_one(&self.lay.cat_c(xs)?)? };
         match residual {
@@ -302,7 +331,10 @@ impl Conv {
                 Lay::Nchw => self.bias.reshape((1, (), 1, 1))?,
                 Lay::Nhwc => self.bias.reshape((1, 1, 1, ()))?,
             };
-            return crate::backend::profile::scope(|| (if self.act { "bias+silu" } else { "bias" }).into(), || self.activate(y.broadcast_add(&bias)?));
+            return crate::backend::profile::scope(
+                || (if self.act { "bias+silu" } else { "bias" }).into(),
+                || self.activate(y.broadcast_add(&bias)?),
+            );
         };
         // BatchNorm with this batch's statistics, which become the running statistics
         // (biased variance), exactly as `scripts/make_goldens.py` calibrates the reference.
@@ -311,7 +343,14 @@ impl Conv {
         let var = centered.sqr()?.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?.mean_keepdim(0)?;
         c.sink.lock().unwrap().push((c.name.clone(), mean.flatten_all()?, var.flatten_all()?));
         let inv = (var + BN_EPS)?.sqrt()?.recip()?;
-        self.activate(centered.broadcast_mul(&inv)?.broadcast_mul(&c.gamma.reshape((1, (), 1, 1))?)?.broadcast_add(&c.beta.reshape((1, (), 1, 1))?)?)
+        self.activate(
+            centered.broadcast_mul(&inv)?.broadcast_mul(&c.gamma.reshape((1, (), 1, 1))?)?.broadcast_add(&c.beta.reshape((
+                1,
+                (),
+                1,
+                1,
+            ))?)?,
+        )
     }
 
     fn activate(&self, y: Tensor) -> candle_core::Result<Tensor> {
@@ -507,7 +546,10 @@ pub struct ADown {
 
 impl ADown {
     pub fn load(vb: &Vb, c1: usize, c2: usize) -> Result<Self, ModelError> {
-        Ok(Self { cv1: Conv::load(&vb.pp("cv1"), c1 / 2, c2 / 2, 3, 2, true)?, cv2: Conv::load(&vb.pp("cv2"), c1 / 2, c2 / 2, 1, 1, true)? })
+        Ok(Self {
+            cv1: Conv::load(&vb.pp("cv1"), c1 / 2, c2 / 2, 3, 2, true)?,
+            cv2: Conv::load(&vb.pp("cv2"), c1 / 2, c2 / 2, 1, 1, true)?,
+        })
     }
 }
 
@@ -518,7 +560,10 @@ impl Module for ADown {
         let c = lay.chw(&x)?.0;
         let half = c.div_ceil(2);
         let x1 = self.cv1.forward(&lay.narrow_c(&x, 0, half)?)?;
-        let x2 = self.cv2.forward(&crate::backend::profile::scope(|| "maxpool".into(), || lay.max_pool_padded(&lay.narrow_c(&x, half, c - half)?, 3, 2))?)?;
+        let x2 = self.cv2.forward(&crate::backend::profile::scope(
+            || "maxpool".into(),
+            || lay.max_pool_padded(&lay.narrow_c(&x, half, c - half)?, 3, 2),
+        )?)?;
         crate::backend::profile::scope(|| "concat".into(), || lay.cat_c(&[x1, x2]))
     }
 }

@@ -70,7 +70,10 @@ impl Detect {
         .map(|s| s[0])
         .unwrap_or(0);
         if c2 == 0 || reg4 == 0 || reg4 % 4 != 0 || nc == 0 || c3 == 0 {
-            return Err(ModelError::Architecture(format!("detection head `{}` is incomplete (cv2/cv3 tensors missing or malformed)", vb.name(""))));
+            return Err(ModelError::Architecture(format!(
+                "detection head `{}` is incomplete (cv2/cv3 tensors missing or malformed)",
+                vb.name("")
+            )));
         }
         let reg_max = reg4 / 4;
         let mut boxes = Vec::new();
@@ -160,13 +163,23 @@ impl Detect {
             let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
             let (_, h, _) = self.lay.chw(f)?;
             let stride = (input_hw.0 / h.max(1)) as f32;
-            levels.push(crate::backend::profile::scope(|| "head: DFL + decode (fused)".into(), || crate::backend::cuda::head::decode_level(&bx, &cl, &self.proj_f32, stride))?);
+            levels.push(crate::backend::profile::scope(
+                || "head: DFL + decode (fused)".into(),
+                || crate::backend::cuda::head::decode_level(&bx, &cl, &self.proj_f32, stride),
+            )?);
         }
         crate::backend::profile::scope(|| "head: concat levels".into(), || Tensor::cat(&levels, 2))
     }
 
     /// DFL expectation, anchor decode and sigmoid over the flattened branch outputs.
-    fn decode(&self, feats: &[Tensor], input_hw: (usize, usize), b: usize, box_parts: &[Tensor], cls_parts: &[Tensor]) -> candle_core::Result<Tensor> {
+    fn decode(
+        &self,
+        feats: &[Tensor],
+        input_hw: (usize, usize),
+        b: usize,
+        box_parts: &[Tensor],
+        cls_parts: &[Tensor],
+    ) -> candle_core::Result<Tensor> {
         let boxes = Tensor::cat(box_parts, 2)?; // (b, 4*reg, A)
         let cls = Tensor::cat(cls_parts, 2)?; // (b, nc, A)
         let a = boxes.dim(2)?;

@@ -17,9 +17,9 @@ use serde::Serialize;
 use crate::weights::{Checkpoint, SourceFormat, TrackedTensors, WeightsError};
 pub use arch::Variant;
 use arch::{Kind, LayerSpec};
-use blocks::{cb_fuse, ADown, AConv, CbLinear, Conv, Elan, Sppelan};
-pub use head::HeadStyle;
+use blocks::{cb_fuse, AConv, ADown, CbLinear, Conv, Elan, Sppelan};
 use head::Detect;
+pub use head::HeadStyle;
 
 /// Why a model could not be built or run.
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +184,8 @@ impl YoloV9 {
     pub fn from_checkpoint(ck: &Checkpoint, opts: &BuildOptions) -> Result<Self, ModelError> {
         let tensors = TrackedTensors::new(&ck.path, ck.tensors.clone());
         let shape_of = |n: &str| tensors.shape_of(n);
-        let variant = arch::detect_variant(&shape_of).map_err(|reason| WeightsError::UnknownArchitecture { path: ck.path.clone(), reason })?;
+        let variant =
+            arch::detect_variant(&shape_of).map_err(|reason| WeightsError::UnknownArchitecture { path: ck.path.clone(), reason })?;
         let specs = variant.layers();
         let ch = arch::channels(&specs, 3);
         let lay = match (opts.layout, opts.calib.is_some()) {
@@ -196,10 +197,22 @@ impl YoloV9 {
         if lay == layout::Lay::Nhwc {
             tracing::debug!("activations channels-last (NHWC) on the GPU");
         }
-        let root = Vb { tensors: tensors.clone(), prefix: "model".into(), device: opts.device.clone(), dtype: opts.dtype, calib: opts.calib.clone(), export: opts.export.clone(), lay };
+        let root = Vb {
+            tensors: tensors.clone(),
+            prefix: "model".into(),
+            device: opts.device.clone(),
+            dtype: opts.dtype,
+            calib: opts.calib.clone(),
+            export: opts.export.clone(),
+            lay,
+        };
         let src_ch = |i: usize, f: isize| -> usize {
             if f < 0 {
-                if i == 0 { 3 } else { ch[i - 1][0] }
+                if i == 0 {
+                    3
+                } else {
+                    ch[i - 1][0]
+                }
             } else {
                 ch[f as usize][0]
             }
@@ -229,7 +242,13 @@ impl YoloV9 {
         }
         let unused = tensors.unused();
         if !unused.is_empty() {
-            return Err(WeightsError::Unexpected { path: ck.path.clone(), arch: variant.name().into(), count: unused.len(), examples: unused.into_iter().take(5).collect() }.into());
+            return Err(WeightsError::Unexpected {
+                path: ck.path.clone(),
+                arch: variant.name().into(),
+                count: unused.len(),
+                examples: unused.into_iter().take(5).collect(),
+            }
+            .into());
         }
         let Some(Layer::Detect(det)) = layers.last() else { unreachable!("every table ends with Detect") };
         let nc = det.nc;
@@ -246,7 +265,12 @@ impl YoloV9 {
         let parameters = ck
             .tensors
             .iter()
-            .filter(|(k, _)| !k.ends_with("running_mean") && !k.ends_with("running_var") && !k.ends_with("num_batches_tracked") && !k.ends_with("dfl.conv.weight"))
+            .filter(|(k, _)| {
+                !k.ends_with("running_mean")
+                    && !k.ends_with("running_var")
+                    && !k.ends_with("num_batches_tracked")
+                    && !k.ends_with("dfl.conv.weight")
+            })
             .map(|(_, t)| t.elem_count())
             .sum();
         let info = ModelInfo {
@@ -327,7 +351,9 @@ impl YoloV9 {
                         .iter()
                         .zip(idx)
                         .map(|(&f, &j)| match outs[f as usize].as_ref() {
-                            Some(Out::Many(v)) => v.get(j).cloned().ok_or_else(|| candle_core::Error::Msg(format!("CBFuse: layer {f} has no split {j}"))),
+                            Some(Out::Many(v)) => {
+                                v.get(j).cloned().ok_or_else(|| candle_core::Error::Msg(format!("CBFuse: layer {f} has no split {j}")))
+                            }
                             _ => Err(candle_core::Error::Msg(format!("CBFuse: layer {f} is not a CBLinear"))),
                         })
                         .collect::<candle_core::Result<Vec<_>>>()?;

@@ -93,13 +93,15 @@ fn values(name: &str, shape: &[usize], seed: u64) -> Vec<f32> {
 
 /// A checkpoint of `variant` (80 classes) with seeded random values, on the CPU in FP32.
 pub fn random_checkpoint(variant: Variant, seed: u64) -> Result<Checkpoint, RandomModelError> {
-    let m: Manifest = serde_json::from_str(manifest_text(variant)).map_err(|e| RandomModelError::Manifest { variant: variant.name(), reason: e.to_string() })?;
+    let m: Manifest = serde_json::from_str(manifest_text(variant))
+        .map_err(|e| RandomModelError::Manifest { variant: variant.name(), reason: e.to_string() })?;
     if m.tensors.is_empty() {
         return Err(RandomModelError::Manifest { variant: variant.name(), reason: "no tensors".into() });
     }
     let mut tensors = HashMap::with_capacity(m.tensors.len());
     for (name, shape) in m.tensors {
-        let t = Tensor::from_vec(values(&name, &shape, seed), shape.as_slice(), &Device::Cpu).map_err(|source| RandomModelError::Tensor { name: name.clone(), source })?;
+        let t = Tensor::from_vec(values(&name, &shape, seed), shape.as_slice(), &Device::Cpu)
+            .map_err(|source| RandomModelError::Tensor { name: name.clone(), source })?;
         tensors.insert(name, t);
     }
     let mut metadata = BTreeMap::new();
@@ -144,7 +146,13 @@ mod tests {
     #[test]
     fn every_manifest_has_the_variants_parameter_count() {
         // element counts of ultralytics' 80-class state dicts (BN statistics included, counters not)
-        for (v, want) in [(Variant::T, 2_144_688usize), (Variant::S, 7_349_152), (Variant::M, 20_258_872), (Variant::C, 25_643_136), (Variant::E, 58_307_968)] {
+        for (v, want) in [
+            (Variant::T, 2_144_688usize),
+            (Variant::S, 7_349_152),
+            (Variant::M, 20_258_872),
+            (Variant::C, 25_643_136),
+            (Variant::E, 58_307_968),
+        ] {
             let m: Manifest = serde_json::from_str(manifest_text(v)).unwrap();
             let n: usize = m.tensors.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
             assert_eq!(n, want, "{}", v.name());

@@ -21,6 +21,13 @@ pub struct Budget {
 impl Budget {
     pub fn new(mem: DeviceMemory, cfg: &PlannerConfig) -> Self {
         let base = cfg.memory_limit.map_or(mem.free, |l| l.min(mem.free));
-        Self { free: mem.free, total: mem.total, memory_limit: cfg.memory_limit, memory_fraction: cfg.memory_fraction, source: mem.source, bytes: (base as f64 * cfg.memory_fraction) as u64 }
+        Self {
+            free: mem.free,
+            total: mem.total,
+            memory_limit: cfg.memory_limit,
+            memory_fraction: cfg.memory_fraction,
+            source: mem.source,
+            bytes: (base as f64 * cfg.memory_fraction) as u64,
+        }
     }
 }

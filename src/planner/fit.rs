@@ -4,7 +4,6 @@
 
 use serde::Serialize;
 
-
 /// Peak bytes as fixed + per_image x batch (least squares over the measured points, raised over
 /// them), and the measured points themselves ([`MemoryFit::predict`]).
 #[derive(Debug, Clone, Serialize)]

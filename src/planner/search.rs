@@ -96,7 +96,8 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
             Err(ProbeError::Other(m)) => return Err(PlanError::Probe { batch: b, reason: m }),
         }
     }
-    let mut fit = MemoryFit::fit(&points).ok_or_else(|| PlanError::NothingFits(format!("batch 1 ran out of memory within a budget of {}", mib(budget.bytes as f64))))?;
+    let mut fit = MemoryFit::fit(&points)
+        .ok_or_else(|| PlanError::NothingFits(format!("batch 1 ran out of memory within a budget of {}", mib(budget.bytes as f64))))?;
     reasons.push(format!(
         "probes {:?} fit: fixed {} + {} per image (predictions: a measured batch's own reading, straight lines between measured batches, the per-image cost beyond them)",
         points.iter().map(|p| p.0).collect::<Vec<_>>(),
@@ -104,8 +105,8 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
         mib(fit.per_image)
     ));
     let mut best: Option<(usize, u64, u64)> = None; // (batch, predicted, verified)
-    // once a batch failed (over budget or out of memory) the line is not trusted alone: each
-    // candidate is also at most halfway between the best verified batch and the failed one
+                                                    // once a batch failed (over budget or out of memory) the line is not trusted alone: each
+                                                    // candidate is also at most halfway between the best verified batch and the failed one
     let mut searching = failed_at.is_some();
     let mut verifies = 0;
     while verifies < MAX_VERIFIES {
@@ -143,7 +144,11 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
                     reasons.push(format!("batch {b}: predicted {}, measured {} (fits)", mib(predicted as f64), mib(p as f64)));
                     best = Some((b, predicted, p));
                 } else {
-                    reasons.push(format!("batch {b}: predicted {}, measured {} over budget; stepping down", mib(predicted as f64), mib(p as f64)));
+                    reasons.push(format!(
+                        "batch {b}: predicted {}, measured {} over budget; stepping down",
+                        mib(predicted as f64),
+                        mib(p as f64)
+                    ));
                     failed_at = Some(failed_at.map_or(b, |f| f.min(b)));
                     searching = true;
                 }
@@ -159,11 +164,15 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
             fit = f;
         }
     }
-    let (batch, predicted_peak, verified_peak) = best.ok_or_else(|| PlanError::NothingFits(format!("no batch verified within a budget of {}", mib(budget.bytes as f64))))?;
+    let (batch, predicted_peak, verified_peak) =
+        best.ok_or_else(|| PlanError::NothingFits(format!("no batch verified within a budget of {}", mib(budget.bytes as f64))))?;
     if batch == cfg.max_batch {
         reasons.push(format!("chose {batch}: max_batch reached"));
     } else {
-        reasons.push(format!("chose {batch}: largest verified batch whose peak fits{}", failed_at.map_or(String::new(), |f| format!(" (batch {f} did not)"))));
+        reasons.push(format!(
+            "chose {batch}: largest verified batch whose peak fits{}",
+            failed_at.map_or(String::new(), |f| format!(" (batch {f} did not)"))
+        ));
     }
     let used_fit = MemoryFit::fit(&used_points);
     // (on the CPU the two readings are one: the process's resident set)

@@ -95,7 +95,12 @@ fn predicts_measured_batches_exactly_and_interpolates_between_them() {
     // yolov9s 16 GiB with the arena (measured): batch 2 read high in that process
     let f = MemoryFit::fit(&[(1, 32 * M), (2, 76 * M), (4, 124 * M), (256, 7900 * M)]).unwrap();
     assert!(f.fixed > 10.0 * M as f64, "the envelope line is raised over batch 2");
-    assert_eq!(f.predict(1), 32 * M, "a measured batch predicts its own reading (the line says {} MiB)", (f.fixed + f.per_image) as u64 / M);
+    assert_eq!(
+        f.predict(1),
+        32 * M,
+        "a measured batch predicts its own reading (the line says {} MiB)",
+        (f.fixed + f.per_image) as u64 / M
+    );
     assert_eq!(f.predict(2), 76 * M);
     assert_eq!(f.predict(3), 100 * M);
     let b6 = 124.0 * M as f64 + 2.0 * (7900.0 - 124.0) / 252.0 * M as f64;

@@ -7,8 +7,16 @@ use crate::vision::postprocess::Detection;
 
 /// The ultralytics palette, so pictures look familiar to people who know the reference.
 const PALETTE: [[u8; 3]; 10] = [
-    [255, 56, 56], [255, 157, 151], [255, 112, 31], [255, 178, 29], [207, 210, 49],
-    [72, 249, 10], [146, 204, 23], [61, 219, 134], [26, 147, 52], [0, 212, 187],
+    [255, 56, 56],
+    [255, 157, 151],
+    [255, 112, 31],
+    [255, 178, 29],
+    [207, 210, 49],
+    [72, 249, 10],
+    [146, 204, 23],
+    [61, 219, 134],
+    [26, 147, 52],
+    [0, 212, 187],
 ];
 
 fn fill(img: &mut RgbImage, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb<u8>) {

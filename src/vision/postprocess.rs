@@ -147,7 +147,9 @@ mod tests {
     fn device_rows_become_per_picture_lists_in_anchor_order() {
         // rows as the device appends them: out of order, pictures interleaved, one stray picture
         let row = |pic: f32, anchor: f32, score: f32, cls: f32| [anchor, 2.0 * anchor, 3.0, 4.0, score, cls, pic, anchor];
-        let rows: Vec<f32> = [row(1.0, 7.0, 0.5, 2.0), row(0.0, 9.0, 0.6, 0.0), row(1.0, 3.0, 0.7, 1.0), row(5.0, 1.0, 0.9, 0.0), row(0.0, 2.0, 0.8, 3.0)].concat();
+        let rows: Vec<f32> =
+            [row(1.0, 7.0, 0.5, 2.0), row(0.0, 9.0, 0.6, 0.0), row(1.0, 3.0, 0.7, 1.0), row(5.0, 1.0, 0.9, 0.0), row(0.0, 2.0, 0.8, 3.0)]
+                .concat();
         let per = candidates_from_rows(&rows, 3);
         assert_eq!(per.len(), 3);
         let anchors = |l: &Vec<Candidate>| l.iter().map(|c| c.xywh[0] as usize).collect::<Vec<_>>();

@@ -152,7 +152,8 @@ pub fn letterbox(img: &RgbImage, size: u32) -> Letterboxed {
     let src: &[u8] = if (geometry.new_w, geometry.new_h) == (img.width(), img.height()) {
         img.as_raw()
     } else {
-        resized = resize_linear_cv(img.as_raw(), img.width() as usize, img.height() as usize, geometry.new_w as usize, geometry.new_h as usize);
+        resized =
+            resize_linear_cv(img.as_raw(), img.width() as usize, img.height() as usize, geometry.new_w as usize, geometry.new_h as usize);
         &resized
     };
     let row = geometry.new_w as usize * 3;

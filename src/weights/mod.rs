@@ -80,11 +80,7 @@ impl Checkpoint {
         if bytes.len() < 8 {
             return Err(WeightsError::NotACheckpoint { path: path.to_owned(), reason: format!("file is only {} bytes", bytes.len()) });
         }
-        let mut ck = if bytes.starts_with(b"PK") {
-            load_pt(path, &bytes)?
-        } else {
-            load_safetensors(path, &bytes)?
-        };
+        let mut ck = if bytes.starts_with(b"PK") { load_pt(path, &bytes)? } else { load_safetensors(path, &bytes)? };
         ck.sha256 = sha256;
         Ok(ck)
     }
@@ -95,7 +91,8 @@ fn not_ckpt(path: &Path, reason: impl Into<String>) -> WeightsError {
 }
 
 fn load_safetensors(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
-    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| not_ckpt(path, format!("neither a PyTorch zip nor a valid safetensors file ({e})")))?;
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| not_ckpt(path, format!("neither a PyTorch zip nor a valid safetensors file ({e})")))?;
     let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| not_ckpt(path, e.to_string()))?;
     let metadata: BTreeMap<String, String> = header.metadata().clone().map(|m| m.into_iter().collect()).unwrap_or_default();
     let mut tensors = HashMap::new();
@@ -110,14 +107,21 @@ fn load_safetensors(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsErro
                 return Err(WeightsError::Tensor { path: path.to_owned(), tensor: name, reason: format!("unsupported dtype {other:?}") })
             }
         };
-        let t = Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu)
-            .map_err(|e| WeightsError::Tensor { path: path.to_owned(), tensor: name.clone(), reason: e.to_string() })?;
+        let t = Tensor::from_raw_buffer(view.data(), dtype, view.shape(), &Device::Cpu).map_err(|e| WeightsError::Tensor {
+            path: path.to_owned(),
+            tensor: name.clone(),
+            reason: e.to_string(),
+        })?;
         tensors.insert(name, t);
     }
     let names = metadata.get("names").and_then(|s| serde_json::from_str::<Vec<String>>(s).ok());
     let imgsz = metadata.get("imgsz").and_then(|s| s.parse().ok());
     let strides = metadata.get("strides").and_then(|s| serde_json::from_str::<Vec<f64>>(s).ok());
-    let format = if metadata.get("fused").map(|s| s == "true").unwrap_or(false) { SourceFormat::FusedSafetensors } else { SourceFormat::Safetensors };
+    let format = if metadata.get("fused").map(|s| s == "true").unwrap_or(false) {
+        SourceFormat::FusedSafetensors
+    } else {
+        SourceFormat::Safetensors
+    };
     Ok(Checkpoint { path: path.to_owned(), format, tensors, names, imgsz, strides, metadata, sha256: String::new() })
 }
 
@@ -137,11 +141,9 @@ fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
 
     // The module: ckpt["ema"] or ckpt["model"] (ultralytics / official), or the object itself.
     let model = match &root {
-        Value::Dict(_) => ["ema", "model"]
-            .iter()
-            .filter_map(|k| root.get(k))
-            .find(|v| matches!(v, Value::Object(_)))
-            .ok_or_else(|| not_ckpt(path, "checkpoint dict has no `model` or `ema` module (a bare state_dict? convert it to safetensors)"))?,
+        Value::Dict(_) => ["ema", "model"].iter().filter_map(|k| root.get(k)).find(|v| matches!(v, Value::Object(_))).ok_or_else(|| {
+            not_ckpt(path, "checkpoint dict has no `model` or `ema` module (a bare state_dict? convert it to safetensors)")
+        })?,
         Value::Object(_) => root.clone(),
         _ => return Err(not_ckpt(path, "pickle holds neither a dict nor a module")),
     };
@@ -151,7 +153,10 @@ fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
     } else if class.starts_with("models.yolo") || class.starts_with("yolo9") || class.contains("DetectionModel") {
         SourceFormat::Official
     } else {
-        return Err(WeightsError::UnknownArchitecture { path: path.to_owned(), reason: format!("the checkpoint holds a `{class}`, not a YOLO DetectionModel") });
+        return Err(WeightsError::UnknownArchitecture {
+            path: path.to_owned(),
+            reason: format!("the checkpoint holds a `{class}`, not a YOLO DetectionModel"),
+        });
     };
     if !class.ends_with("DetectionModel") {
         return Err(WeightsError::UnknownArchitecture { path: path.to_owned(), reason: format!("`{class}` is not a detection model") });
@@ -182,7 +187,11 @@ fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
                 .and_then(|mut f| f.read_to_end(&mut buf).map_err(Into::into))
                 .map_err(|e| terr(format!("storage `{entry}` unreadable ({e})")))?;
             if buf.len() < tr.storage.numel * es {
-                return Err(terr(format!("storage `{entry}` holds {} bytes, {} expected (truncated file?)", buf.len(), tr.storage.numel * es)));
+                return Err(terr(format!(
+                    "storage `{entry}` holds {} bytes, {} expected (truncated file?)",
+                    buf.len(),
+                    tr.storage.numel * es
+                )));
             }
             storages.insert(tr.storage.key.clone(), buf);
         }
@@ -307,16 +316,26 @@ impl TrackedTensors {
     }
     /// Fetches a tensor as f32, checking its shape.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, WeightsError> {
-        let t = self.tensors.get(name).ok_or_else(|| WeightsError::Missing { path: self.path.clone(), tensor: name.into(), expected: shape.to_vec() })?;
+        let t = self.tensors.get(name).ok_or_else(|| WeightsError::Missing {
+            path: self.path.clone(),
+            tensor: name.into(),
+            expected: shape.to_vec(),
+        })?;
         if t.dims() != shape {
-            return Err(WeightsError::Shape { path: self.path.clone(), tensor: name.into(), expected: shape.to_vec(), found: t.dims().to_vec() });
+            return Err(WeightsError::Shape {
+                path: self.path.clone(),
+                tensor: name.into(),
+                expected: shape.to_vec(),
+                found: t.dims().to_vec(),
+            });
         }
         self.used.lock().unwrap().insert(name.to_string());
         t.to_dtype(DType::F32).map_err(|e| WeightsError::Tensor { path: self.path.clone(), tensor: name.into(), reason: e.to_string() })
     }
     /// Fetches a tensor whose shape the caller checks itself.
     pub fn get_any(&self, name: &str) -> Result<Tensor, WeightsError> {
-        let shape = self.shape_of(name).ok_or_else(|| WeightsError::Missing { path: self.path.clone(), tensor: name.into(), expected: vec![] })?;
+        let shape =
+            self.shape_of(name).ok_or_else(|| WeightsError::Missing { path: self.path.clone(), tensor: name.into(), expected: vec![] })?;
         self.get(name, &shape)
     }
     /// Marks tensors that the model knows but does not need (e.g. BatchNorm step counters).

@@ -212,104 +212,276 @@ impl<'a> Machine<'a> {
             let at = self.pos;
             let op = self.u8()?;
             match op {
-                b'.' => return self.pop(),                   // STOP
-                0x80 => { self.u8()?; }                      // PROTO
-                0x95 => { self.le(8)?; }                     // FRAME
-                b'(' => self.marks.push(self.stack.len()),   // MARK
-                b'0' => { self.pop()?; }                     // POP
-                b'1' => { self.pop_mark()?; }                // POP_MARK
-                b'2' => { let v = self.top()?.clone(); self.stack.push(v); } // DUP
+                b'.' => return self.pop(), // STOP
+                0x80 => {
+                    self.u8()?;
+                } // PROTO
+                0x95 => {
+                    self.le(8)?;
+                } // FRAME
+                b'(' => self.marks.push(self.stack.len()), // MARK
+                b'0' => {
+                    self.pop()?;
+                } // POP
+                b'1' => {
+                    self.pop_mark()?;
+                } // POP_MARK
+                b'2' => {
+                    let v = self.top()?.clone();
+                    self.stack.push(v);
+                } // DUP
                 b'N' => self.stack.push(Value::None),
                 0x88 => self.stack.push(Value::Bool(true)),
                 0x89 => self.stack.push(Value::Bool(false)),
-                b'J' => { let v = self.le(4)? as u32 as i32; self.stack.push(Value::Int(v as i64)); }
-                b'K' => { let v = self.le(1)?; self.stack.push(Value::Int(v as i64)); }
-                b'M' => { let v = self.le(2)?; self.stack.push(Value::Int(v as i64)); }
-                0x8a | 0x8b => {                             // LONG1 / LONG4
+                b'J' => {
+                    let v = self.le(4)? as u32 as i32;
+                    self.stack.push(Value::Int(v as i64));
+                }
+                b'K' => {
+                    let v = self.le(1)?;
+                    self.stack.push(Value::Int(v as i64));
+                }
+                b'M' => {
+                    let v = self.le(2)?;
+                    self.stack.push(Value::Int(v as i64));
+                }
+                0x8a | 0x8b => {
+                    // LONG1 / LONG4
                     let n = if op == 0x8a { self.le(1)? } else { self.le(4)? } as usize;
                     let b = self.take(n)?;
-                    if n > 8 { self.stack.push(Value::Int(i64::MAX)); continue; }
+                    if n > 8 {
+                        self.stack.push(Value::Int(i64::MAX));
+                        continue;
+                    }
                     let mut v: i64 = 0;
-                    for (i, &x) in b.iter().enumerate() { v |= (x as i64) << (8 * i); }
-                    if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 { v -= 1i64 << (8 * n); }
+                    for (i, &x) in b.iter().enumerate() {
+                        v |= (x as i64) << (8 * i);
+                    }
+                    if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
+                        v -= 1i64 << (8 * n);
+                    }
                     self.stack.push(Value::Int(v));
                 }
-                b'I' | b'L' => {                             // INT / LONG (text)
+                b'I' | b'L' => {
+                    // INT / LONG (text)
                     let s = self.line()?.trim_end_matches('L');
-                    let v = match s { "00" => Value::Bool(false), "01" => Value::Bool(true), _ => Value::Int(s.parse().unwrap_or(0)) };
+                    let v = match s {
+                        "00" => Value::Bool(false),
+                        "01" => Value::Bool(true),
+                        _ => Value::Int(s.parse().unwrap_or(0)),
+                    };
                     self.stack.push(v);
                 }
-                b'F' => { let s = self.line()?; self.stack.push(Value::Float(s.parse().unwrap_or(f64::NAN))); }
-                b'G' => { let b = self.take(8)?; self.stack.push(Value::Float(f64::from_be_bytes(b.try_into().unwrap()))); }
-                b'X' => { let n = self.le(4)? as usize; let b = self.take(n)?; let v = self.string(b)?; self.stack.push(v); }
-                0x8c => { let n = self.le(1)? as usize; let b = self.take(n)?; let v = self.string(b)?; self.stack.push(v); }
-                0x8d => { let n = self.le(8)? as usize; let b = self.take(n)?; let v = self.string(b)?; self.stack.push(v); }
-                b'V' => { let s = self.line()?.to_string(); self.stack.push(Value::Str(s)); }
-                b'S' => { let s = self.line()?.trim_matches(|c| c == '\'' || c == '"').to_string(); self.stack.push(Value::Str(s)); }
-                b'T' => { let n = self.le(4)? as usize; let b = self.take(n)?.to_vec(); self.stack.push(Value::Bytes(b)); }
-                b'U' => { let n = self.le(1)? as usize; let b = self.take(n)?.to_vec(); self.stack.push(Value::Bytes(b)); }
-                b'B' => { let n = self.le(4)? as usize; let b = self.take(n)?.to_vec(); self.stack.push(Value::Bytes(b)); }
-                b'C' => { let n = self.le(1)? as usize; let b = self.take(n)?.to_vec(); self.stack.push(Value::Bytes(b)); }
-                0x8e | 0x96 => { let n = self.le(8)? as usize; let b = self.take(n)?.to_vec(); self.stack.push(Value::Bytes(b)); }
+                b'F' => {
+                    let s = self.line()?;
+                    self.stack.push(Value::Float(s.parse().unwrap_or(f64::NAN)));
+                }
+                b'G' => {
+                    let b = self.take(8)?;
+                    self.stack.push(Value::Float(f64::from_be_bytes(b.try_into().unwrap())));
+                }
+                b'X' => {
+                    let n = self.le(4)? as usize;
+                    let b = self.take(n)?;
+                    let v = self.string(b)?;
+                    self.stack.push(v);
+                }
+                0x8c => {
+                    let n = self.le(1)? as usize;
+                    let b = self.take(n)?;
+                    let v = self.string(b)?;
+                    self.stack.push(v);
+                }
+                0x8d => {
+                    let n = self.le(8)? as usize;
+                    let b = self.take(n)?;
+                    let v = self.string(b)?;
+                    self.stack.push(v);
+                }
+                b'V' => {
+                    let s = self.line()?.to_string();
+                    self.stack.push(Value::Str(s));
+                }
+                b'S' => {
+                    let s = self.line()?.trim_matches(|c| c == '\'' || c == '"').to_string();
+                    self.stack.push(Value::Str(s));
+                }
+                b'T' => {
+                    let n = self.le(4)? as usize;
+                    let b = self.take(n)?.to_vec();
+                    self.stack.push(Value::Bytes(b));
+                }
+                b'U' => {
+                    let n = self.le(1)? as usize;
+                    let b = self.take(n)?.to_vec();
+                    self.stack.push(Value::Bytes(b));
+                }
+                b'B' => {
+                    let n = self.le(4)? as usize;
+                    let b = self.take(n)?.to_vec();
+                    self.stack.push(Value::Bytes(b));
+                }
+                b'C' => {
+                    let n = self.le(1)? as usize;
+                    let b = self.take(n)?.to_vec();
+                    self.stack.push(Value::Bytes(b));
+                }
+                0x8e | 0x96 => {
+                    let n = self.le(8)? as usize;
+                    let b = self.take(n)?.to_vec();
+                    self.stack.push(Value::Bytes(b));
+                }
                 b')' => self.stack.push(Value::Tuple(Rc::new(vec![]))),
-                b't' => { let v = self.pop_mark()?; self.stack.push(Value::Tuple(Rc::new(v))); }
-                0x85 => { let a = self.pop()?; self.stack.push(Value::Tuple(Rc::new(vec![a]))); }
-                0x86 => { let b = self.pop()?; let a = self.pop()?; self.stack.push(Value::Tuple(Rc::new(vec![a, b]))); }
-                0x87 => { let c = self.pop()?; let b = self.pop()?; let a = self.pop()?; self.stack.push(Value::Tuple(Rc::new(vec![a, b, c]))); }
+                b't' => {
+                    let v = self.pop_mark()?;
+                    self.stack.push(Value::Tuple(Rc::new(v)));
+                }
+                0x85 => {
+                    let a = self.pop()?;
+                    self.stack.push(Value::Tuple(Rc::new(vec![a])));
+                }
+                0x86 => {
+                    let b = self.pop()?;
+                    let a = self.pop()?;
+                    self.stack.push(Value::Tuple(Rc::new(vec![a, b])));
+                }
+                0x87 => {
+                    let c = self.pop()?;
+                    let b = self.pop()?;
+                    let a = self.pop()?;
+                    self.stack.push(Value::Tuple(Rc::new(vec![a, b, c])));
+                }
                 b']' => self.stack.push(Value::list(vec![])),
-                b'l' => { let v = self.pop_mark()?; self.stack.push(Value::list(v)); }
+                b'l' => {
+                    let v = self.pop_mark()?;
+                    self.stack.push(Value::list(v));
+                }
                 b'}' => self.stack.push(Value::dict(vec![])),
                 b'd' => {
                     let v = self.pop_mark()?;
-                    if v.len() % 2 != 0 { return self.bad("odd number of dict items"); }
+                    if v.len() % 2 != 0 {
+                        return self.bad("odd number of dict items");
+                    }
                     let pairs = v.chunks(2).map(|c| (c[0].clone(), c[1].clone())).collect();
                     self.stack.push(Value::dict(pairs));
                 }
                 0x8f => self.stack.push(Value::list(vec![])), // EMPTY_SET (kept as a list)
-                0x91 => { let v = self.pop_mark()?; self.stack.push(Value::list(v)); } // FROZENSET
-                b'a' => { let v = self.pop()?; self.append(vec![v])?; }
-                b'e' | 0x90 => { let v = self.pop_mark()?; self.append(v)?; } // APPENDS / ADDITEMS
-                b's' => { let v = self.pop()?; let k = self.pop()?; self.setitems(vec![k, v])?; }
-                b'u' => { let v = self.pop_mark()?; self.setitems(v)?; }
+                0x91 => {
+                    let v = self.pop_mark()?;
+                    self.stack.push(Value::list(v));
+                } // FROZENSET
+                b'a' => {
+                    let v = self.pop()?;
+                    self.append(vec![v])?;
+                }
+                b'e' | 0x90 => {
+                    let v = self.pop_mark()?;
+                    self.append(v)?;
+                } // APPENDS / ADDITEMS
+                b's' => {
+                    let v = self.pop()?;
+                    let k = self.pop()?;
+                    self.setitems(vec![k, v])?;
+                }
+                b'u' => {
+                    let v = self.pop_mark()?;
+                    self.setitems(v)?;
+                }
                 b'c' => {
                     let module = self.line()?.to_string();
                     let name = self.line()?.to_string();
                     self.stack.push(Value::Global(Rc::new((module, name))));
                 }
-                0x93 => {                                    // STACK_GLOBAL
-                    let name = self.pop()?; let module = self.pop()?;
+                0x93 => {
+                    // STACK_GLOBAL
+                    let name = self.pop()?;
+                    let module = self.pop()?;
                     match (module, name) {
                         (Value::Str(m), Value::Str(n)) => self.stack.push(Value::Global(Rc::new((m, n)))),
                         _ => return self.bad("STACK_GLOBAL needs two strings"),
                     }
                 }
-                b'R' => { let args = self.pop()?; let f = self.pop()?; let v = self.call(f, args)?; self.stack.push(v); }
-                0x81 => { let args = self.pop()?; let cls = self.pop()?; let v = self.call(cls, args)?; self.stack.push(v); }
-                0x92 => { let _kw = self.pop()?; let args = self.pop()?; let cls = self.pop()?; let v = self.call(cls, args)?; self.stack.push(v); }
-                b'o' => {                                    // OBJ
+                b'R' => {
+                    let args = self.pop()?;
+                    let f = self.pop()?;
+                    let v = self.call(f, args)?;
+                    self.stack.push(v);
+                }
+                0x81 => {
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    let v = self.call(cls, args)?;
+                    self.stack.push(v);
+                }
+                0x92 => {
+                    let _kw = self.pop()?;
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    let v = self.call(cls, args)?;
+                    self.stack.push(v);
+                }
+                b'o' => {
+                    // OBJ
                     let mut v = self.pop_mark()?;
-                    if v.is_empty() { return self.bad("OBJ without class"); }
+                    if v.is_empty() {
+                        return self.bad("OBJ without class");
+                    }
                     let cls = v.remove(0);
                     let r = self.call(cls, Value::Tuple(Rc::new(v)))?;
                     self.stack.push(r);
                 }
-                b'i' => {                                    // INST
+                b'i' => {
+                    // INST
                     let module = self.line()?.to_string();
                     let name = self.line()?.to_string();
                     let v = self.pop_mark()?;
                     let r = self.call(Value::Global(Rc::new((module, name))), Value::Tuple(Rc::new(v)))?;
                     self.stack.push(r);
                 }
-                b'b' => { let state = self.pop()?; self.build(state)?; }
-                b'Q' => { let pid = self.pop()?; let v = self.persistent(pid)?; self.stack.push(v); }
-                b'P' => { let s = self.line()?.to_string(); self.stack.push(Value::Str(s)); }
-                b'h' => { let k = self.le(1)?; let v = self.memo_get(k)?; self.stack.push(v); }
-                b'j' => { let k = self.le(4)?; let v = self.memo_get(k)?; self.stack.push(v); }
-                b'g' => { let k: u64 = self.line()?.parse().unwrap_or(u64::MAX); let v = self.memo_get(k)?; self.stack.push(v); }
-                b'q' => { let k = self.le(1)?; self.memo_put(k)?; }
-                b'r' => { let k = self.le(4)?; self.memo_put(k)?; }
-                b'p' => { let k: u64 = self.line()?.parse().unwrap_or(u64::MAX); self.memo_put(k)?; }
-                0x94 => { let k = self.memo.len() as u64; self.memo_put(k)?; } // MEMOIZE
+                b'b' => {
+                    let state = self.pop()?;
+                    self.build(state)?;
+                }
+                b'Q' => {
+                    let pid = self.pop()?;
+                    let v = self.persistent(pid)?;
+                    self.stack.push(v);
+                }
+                b'P' => {
+                    let s = self.line()?.to_string();
+                    self.stack.push(Value::Str(s));
+                }
+                b'h' => {
+                    let k = self.le(1)?;
+                    let v = self.memo_get(k)?;
+                    self.stack.push(v);
+                }
+                b'j' => {
+                    let k = self.le(4)?;
+                    let v = self.memo_get(k)?;
+                    self.stack.push(v);
+                }
+                b'g' => {
+                    let k: u64 = self.line()?.parse().unwrap_or(u64::MAX);
+                    let v = self.memo_get(k)?;
+                    self.stack.push(v);
+                }
+                b'q' => {
+                    let k = self.le(1)?;
+                    self.memo_put(k)?;
+                }
+                b'r' => {
+                    let k = self.le(4)?;
+                    self.memo_put(k)?;
+                }
+                b'p' => {
+                    let k: u64 = self.line()?.parse().unwrap_or(u64::MAX);
+                    self.memo_put(k)?;
+                }
+                0x94 => {
+                    let k = self.memo.len() as u64;
+                    self.memo_put(k)?;
+                } // MEMOIZE
                 _ => return Err(PickleError::Opcode(op, at)),
             }
         }
@@ -317,12 +489,19 @@ impl<'a> Machine<'a> {
 
     fn append(&mut self, items: Vec<Value>) -> Result<(), PickleError> {
         match self.top()? {
-            Value::List(l) => { l.borrow_mut().extend(items); Ok(()) }
+            Value::List(l) => {
+                l.borrow_mut().extend(items);
+                Ok(())
+            }
             Value::Object(o) => {
                 // list subclasses: keep items in the state under "__items__"
                 let mut st = o.state.borrow_mut();
-                if !matches!(*st, Value::Dict(_)) { *st = Value::dict(vec![]); }
-                if let Value::Dict(d) = &*st { d.borrow_mut().push((Value::Str("__items__".into()), Value::list(items))); }
+                if !matches!(*st, Value::Dict(_)) {
+                    *st = Value::dict(vec![]);
+                }
+                if let Value::Dict(d) = &*st {
+                    d.borrow_mut().push((Value::Str("__items__".into()), Value::list(items)));
+                }
                 Ok(())
             }
             _ => self.bad("APPEND to a non-list"),
@@ -338,8 +517,13 @@ impl<'a> Machine<'a> {
             Value::Object(o) => {
                 // dict subclasses (e.g. an OrderedDict subclass): keep items in the state
                 let mut st = o.state.borrow_mut();
-                if !matches!(*st, Value::Dict(_)) { *st = Value::dict(vec![]); }
-                match &*st { Value::Dict(d) => d.clone(), _ => unreachable!() }
+                if !matches!(*st, Value::Dict(_)) {
+                    *st = Value::dict(vec![]);
+                }
+                match &*st {
+                    Value::Dict(d) => d.clone(),
+                    _ => unreachable!(),
+                }
             }
             _ => return self.bad("SETITEM on a non-dict"),
         };
@@ -407,7 +591,10 @@ impl<'a> Machine<'a> {
                 Value::Int(i) => i.to_string(),
                 _ => return self.bad("storage without a key"),
             };
-            let numel = items[4].as_int().filter(|&n| n >= 0).ok_or_else(|| PickleError::Malformed { pos: self.pos, msg: "bad storage size".into() })? as usize;
+            let numel = items[4]
+                .as_int()
+                .filter(|&n| n >= 0)
+                .ok_or_else(|| PickleError::Malformed { pos: self.pos, msg: "bad storage size".into() })? as usize;
             return Ok(Value::Storage(Rc::new(StorageRef { kind, key, numel })));
         }
         Ok(Value::Tuple(Rc::new(items)))
@@ -422,7 +609,9 @@ impl<'a> Machine<'a> {
         let (module, name) = (g.0.as_str(), g.1.as_str());
         let a = args.items().unwrap_or_default();
         match (module, name) {
-            ("collections", "OrderedDict") | ("collections", "defaultdict") | ("builtins", "dict") | ("__builtin__", "dict") => Ok(Value::dict(vec![])),
+            ("collections", "OrderedDict") | ("collections", "defaultdict") | ("builtins", "dict") | ("__builtin__", "dict") => {
+                Ok(Value::dict(vec![]))
+            }
             ("builtins", "set") | ("builtins", "frozenset") | ("__builtin__", "set") | ("builtins", "list") => {
                 Ok(Value::list(a.first().and_then(|v| v.items()).unwrap_or_default()))
             }
@@ -433,7 +622,9 @@ impl<'a> Machine<'a> {
             },
             ("torch._tensor", "_rebuild_from_type_v2") => {
                 // (func, type, args, state): apply func to args
-                if a.len() < 3 { return self.bad("_rebuild_from_type_v2 needs 3 arguments"); }
+                if a.len() < 3 {
+                    return self.bad("_rebuild_from_type_v2 needs 3 arguments");
+                }
                 self.call(a[0].clone(), a[2].clone())
             }
             ("_codecs", "encode") => match a.first() {
@@ -449,10 +640,11 @@ impl<'a> Machine<'a> {
             return self.bad("_rebuild_tensor_v2 needs 4 arguments");
         }
         let Value::Storage(storage) = &a[0] else { return self.bad("tensor without storage") };
-        let offset = a[1].as_int().filter(|&v| v >= 0).ok_or_else(|| PickleError::Malformed { pos: self.pos, msg: "bad tensor offset".into() })? as usize;
-        let dims = |v: &Value| -> Option<Vec<usize>> {
-            v.items()?.iter().map(|x| x.as_int().filter(|&i| i >= 0).map(|i| i as usize)).collect()
-        };
+        let offset =
+            a[1].as_int().filter(|&v| v >= 0).ok_or_else(|| PickleError::Malformed { pos: self.pos, msg: "bad tensor offset".into() })?
+                as usize;
+        let dims =
+            |v: &Value| -> Option<Vec<usize>> { v.items()?.iter().map(|x| x.as_int().filter(|&i| i >= 0).map(|i| i as usize)).collect() };
         let (Some(shape), Some(stride)) = (dims(&a[2]), dims(&a[3])) else { return self.bad("bad tensor shape or stride") };
         if shape.len() != stride.len() {
             return self.bad("tensor shape and stride differ in rank");

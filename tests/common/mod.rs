@@ -95,7 +95,7 @@ impl Broker {
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: kill(2) on a child this test started; no memory is touched.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let _ = c.wait();
         }
     }
@@ -124,7 +124,8 @@ pub struct Message {
 
 impl Message {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.payload).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {}", self.topic, String::from_utf8_lossy(&self.payload)))
+        serde_json::from_slice(&self.payload)
+            .unwrap_or_else(|e| panic!("{}: not JSON ({e}): {}", self.topic, String::from_utf8_lossy(&self.payload)))
     }
 
     pub fn text(&self) -> String {
@@ -186,13 +187,18 @@ pub struct Collector {
 
 impl Collector {
     pub fn start(port: u16, filter: &str, o: ClientOpts) -> Collector {
-        let mut opts = rumqttc::MqttOptions::new(if o.id.is_empty() { format!("collector-{}", free_port()) } else { o.id.clone() }, "127.0.0.1", port);
+        let mut opts =
+            rumqttc::MqttOptions::new(if o.id.is_empty() { format!("collector-{}", free_port()) } else { o.id.clone() }, "127.0.0.1", port);
         opts.set_clean_session(!o.persistent).set_keep_alive(Duration::from_secs(5)).set_max_packet_size(64 << 20, 64 << 20);
         if let Some((u, p)) = &o.username {
             opts.set_credentials(u, p);
         }
         if let Some(ca) = &o.ca {
-            opts.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Simple { ca: ca.clone(), alpn: None, client_auth: None }));
+            opts.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Simple {
+                ca: ca.clone(),
+                alpn: None,
+                client_auth: None,
+            }));
         }
         let (client, mut conn) = rumqttc::Client::new(opts, 1000);
         let messages = Arc::new(Mutex::new(Vec::new()));
@@ -565,7 +571,11 @@ pub fn run_demo(dir: &Path, args: &[&str], timeout: Duration) -> DemoRun {
         if t.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("demo did not exit within {timeout:?}; stdout:\n{}\nstderr:\n{}", std::fs::read_to_string(&out).unwrap_or_default(), std::fs::read_to_string(&err).unwrap_or_default());
+            panic!(
+                "demo did not exit within {timeout:?}; stdout:\n{}\nstderr:\n{}",
+                std::fs::read_to_string(&out).unwrap_or_default(),
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     };

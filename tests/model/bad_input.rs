@@ -29,7 +29,13 @@ fn png_bomb() -> Vec<u8> {
     let mut ihdr = 30000u32.to_be_bytes().to_vec();
     ihdr.extend_from_slice(&30000u32.to_be_bytes());
     ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    [b"\x89PNG\r\n\x1a\n".to_vec(), png_chunk(b"IHDR", &ihdr), png_chunk(b"IDAT", &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]), png_chunk(b"IEND", &[])].concat()
+    [
+        b"\x89PNG\r\n\x1a\n".to_vec(),
+        png_chunk(b"IHDR", &ihdr),
+        png_chunk(b"IDAT", &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]),
+        png_chunk(b"IEND", &[]),
+    ]
+    .concat()
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {

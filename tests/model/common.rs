@@ -44,7 +44,16 @@ pub fn assert_same_inputs(lbs: &[Letterboxed], g: &Value) {
 pub fn input_tensor(lbs: &[Letterboxed]) -> Tensor {
     let s = lbs[0].geometry.size as usize;
     let bytes: Vec<u8> = lbs.iter().flat_map(|l| l.pixels.iter().copied()).collect();
-    (Tensor::from_vec(bytes, (lbs.len(), s, s, 3), &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().permute((0, 3, 1, 2)).unwrap().contiguous().unwrap() / 255.0).unwrap()
+    (Tensor::from_vec(bytes, (lbs.len(), s, s, 3), &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .permute((0, 3, 1, 2))
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        / 255.0)
+        .unwrap()
 }
 
 /// Relative L2 error of `out` at the golden's sampled indices, and the worst relative error of
@@ -64,7 +73,12 @@ pub fn compare_to_golden(out: &Tensor, g: &Value) -> (f64, f64) {
     }
     let rel = (num / den.max(1e-30)).sqrt();
     let sums = out.to_dtype(DType::F64).unwrap().sum(2).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
-    let want_sums: Vec<f64> = g["row_sums"].as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>()).collect();
+    let want_sums: Vec<f64> = g["row_sums"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>())
+        .collect();
     let (mut num, mut den) = (0f64, 0f64);
     for (a, b) in sums.iter().zip(&want_sums) {
         num += (a - b) * (a - b);
@@ -83,4 +97,3 @@ pub fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
 pub fn tmpdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
-

@@ -134,7 +134,9 @@ fn damaged_files_give_errors_not_panics() {
     for (name, bytes) in cases {
         let p: PathBuf = dir.path().join(name);
         std::fs::write(&p, bytes).unwrap();
-        let r = Checkpoint::load(&p).map_err(ModelError::from).and_then(|ck| YoloV9::from_checkpoint(&ck, &BuildOptions::new(Device::Cpu, DType::F32)).map(|_| ()));
+        let r = Checkpoint::load(&p)
+            .map_err(ModelError::from)
+            .and_then(|ck| YoloV9::from_checkpoint(&ck, &BuildOptions::new(Device::Cpu, DType::F32)).map(|_| ()));
         let e = r.expect_err(name).to_string();
         assert!(e.contains(name), "{name}: error does not name the file: {e}");
         // and the CLI exits with the model error code, without a panic

@@ -124,7 +124,9 @@ fn real_checkpoint_detections_match_reference() {
             let rb: Vec<f32> = r["box"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
             let rb = [rb[0], rb[1], rb[2], rb[3]];
             let rc = r["confidence"].as_f64().unwrap() as f32;
-            let hit = mine.iter().find(|d| d.class_id as u64 == r["class_id"].as_u64().unwrap() && iou(&d.bbox, &rb) >= 0.95 && (d.confidence - rc).abs() <= 0.01);
+            let hit = mine.iter().find(|d| {
+                d.class_id as u64 == r["class_id"].as_u64().unwrap() && iou(&d.bbox, &rb) >= 0.95 && (d.confidence - rc).abs() <= 0.01
+            });
             // a reference box right at the threshold may fall on either side of it
             assert!(hit.is_some() || rc < th.conf + 0.01, "image {img}: reference box {rb:?} conf {rc} has no match in {mine:?}");
             matched += hit.is_some() as usize;

@@ -17,7 +17,9 @@ fn source(case: &serde_json::Value) -> (Vec<u8>, usize, usize) {
     let px = match case["src"].as_str().unwrap() {
         "prng" => uniforms(case["src_name"].as_str().unwrap(), w * h * 3).iter().map(|u| (u * 256.0).floor() as u8).collect(),
         "gradient" => (0..h)
-            .flat_map(|y| (0..w).flat_map(move |x| [(x * 255 / (w - 1)) as u8, (y * 255 / (h - 1)) as u8, ((x + y) * 255 / (w + h - 2)) as u8]))
+            .flat_map(|y| {
+                (0..w).flat_map(move |x| [(x * 255 / (w - 1)) as u8, (y * 255 / (h - 1)) as u8, ((x + y) * 255 / (w + h - 2)) as u8])
+            })
             .collect(),
         other => panic!("unknown source {other}"),
     };

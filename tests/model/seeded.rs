@@ -28,7 +28,11 @@ pub fn uniforms(name: &str, n: usize) -> Vec<f64> {
 /// The value rule of the golden script for one state-dict entry; `None` for entries it leaves
 /// alone (BatchNorm statistics, which are calibrated, and the fixed DFL projection).
 pub fn tensor_for(name: &str, shape: &[usize]) -> Option<Tensor> {
-    if name.ends_with("running_mean") || name.ends_with("running_var") || name.ends_with("num_batches_tracked") || name.ends_with("dfl.conv.weight") {
+    if name.ends_with("running_mean")
+        || name.ends_with("running_var")
+        || name.ends_with("num_batches_tracked")
+        || name.ends_with("dfl.conv.weight")
+    {
         return None;
     }
     let n: usize = shape.iter().product();

@@ -118,7 +118,11 @@ pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::
                         source: id.clone(),
                         image: ImageRef::Path(path.clone()),
                         data: JobData::File(path.clone()),
-                        completion: Completion::File { path: path.clone(), done_dir: src.done_dir.clone(), failed_dir: src.failed_dir.clone() },
+                        completion: Completion::File {
+                            path: path.clone(),
+                            done_dir: src.done_dir.clone(),
+                            failed_dir: src.failed_dir.clone(),
+                        },
                     };
                     tokio::select! {
                         r = intake.send(job) => if r.is_err() { return },

@@ -8,6 +8,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::agent::events::EventSink;
 use crate::agent::messages::{EventBody, ImageName, InputStage};
+use crate::agent::mqtt::Incoming;
 use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
 use crate::agent::telemetry::Stats;
 
@@ -18,14 +19,6 @@ pub struct MqttSource {
     pub filter: String,
     /// 1-based topic level used as source id (0: the whole topic).
     pub id_level: usize,
-}
-
-/// An incoming message on a subscribed topic.
-#[derive(Debug)]
-pub struct Incoming {
-    pub topic: String,
-    pub payload: Vec<u8>,
-    pub properties: Vec<(String, String)>,
 }
 
 /// MQTT topic filter matching (`+` one level, `#` the rest).
@@ -73,12 +66,8 @@ pub async fn run(
         let Some(src) = sources.iter().find(|s| matches(&s.filter, &m.topic)) else { continue };
         let id = source_id(src, &m);
         let n = counter.fetch_add(1, Relaxed);
-        let image_id = m
-            .properties
-            .iter()
-            .find(|(k, _)| k == "image_id")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| format!("{}#{n}", m.topic));
+        let image_id =
+            m.properties.iter().find(|(k, _)| k == "image_id").map(|(_, v)| v.clone()).unwrap_or_else(|| format!("{}#{n}", m.topic));
         if m.payload.is_empty() {
             stats.inputs_rejected.fetch_add(1, Relaxed);
             stats.frames_failed.fetch_add(1, Relaxed);
@@ -91,7 +80,12 @@ pub async fn run(
             });
             continue;
         }
-        let job = Job { source: Arc::from(id.as_str()), image: ImageRef::Id(image_id), data: JobData::Bytes(m.payload), completion: Completion::None };
+        let job = Job {
+            source: Arc::from(id.as_str()),
+            image: ImageRef::Id(image_id),
+            data: JobData::Bytes(m.payload),
+            completion: Completion::None,
+        };
         tokio::select! {
             r = intake.send(job) => if r.is_err() { return },
             _ = stop.changed() => return,

@@ -181,7 +181,16 @@ impl OutPtr {
 /// the epilogue on the tile while it is still in cache. Single-threaded: tiles are the unit of
 /// parallelism.
 #[allow(clippy::too_many_arguments)]
-fn conv_tile(parts: &[(&[f32], usize)], wt: &[f32], bias: &[f32], g: &Geom, act: bool, res: Option<&[f32]>, dst: OutPtr, rows: std::ops::Range<usize>) {
+fn conv_tile(
+    parts: &[(&[f32], usize)],
+    wt: &[f32],
+    bias: &[f32],
+    g: &Geom,
+    act: bool,
+    res: Option<&[f32]>,
+    dst: OutPtr,
+    rows: std::ops::Range<usize>,
+) {
     let n = g.oh * g.ow;
     let (p0, p1) = (rows.start * g.ow, rows.end * g.ow);
     let nb = p1 - p0;
@@ -196,7 +205,27 @@ fn conv_tile(parts: &[(&[f32], usize)], wt: &[f32], bias: &[f32], g: &Geom, act:
         // rhs is `k` rows of `nb` values `rhs_rs` apart; the slices cover those extents (asserted
         // above). With `accumulate == false`, gemm writes dst without reading it.
         unsafe {
-            gemm(g.co, nb, k, tile, 1, n as isize, accumulate, lhs.as_ptr(), 1, kdim as isize, rhs.as_ptr(), 1, rhs_rs as isize, 1.0, 1.0, false, false, false, Parallelism::None)
+            gemm(
+                g.co,
+                nb,
+                k,
+                tile,
+                1,
+                n as isize,
+                accumulate,
+                lhs.as_ptr(),
+                1,
+                kdim as isize,
+                rhs.as_ptr(),
+                1,
+                rhs_rs as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            )
         }
     };
     if g.is_pointwise() {
@@ -292,7 +321,17 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
 /// input part into this thread's scratch, then `KC`-deep passes of the kernel over
 /// (pixel panel x channel block), the epilogue fused into the last pass's stores.
 #[allow(clippy::too_many_arguments)]
-fn conv_tile_packed(parts: &[(&[f32], usize)], pw: &PackedWeights, bias: &[f32], g: &Geom, act: bool, res: Option<&[f32]>, dst: OutPtr, p0: usize, p1: usize) {
+fn conv_tile_packed(
+    parts: &[(&[f32], usize)],
+    pw: &PackedWeights,
+    bias: &[f32],
+    g: &Geom,
+    act: bool,
+    res: Option<&[f32]>,
+    dst: OutPtr,
+    p0: usize,
+    p1: usize,
+) {
     let n = g.oh * g.ow;
     let (kdim, kk, plane) = (pw.kdim, g.k * g.k, g.h * g.w);
     let panels = (p1 - p0).div_ceil(NR);
@@ -313,7 +352,8 @@ fn conv_tile_packed(parts: &[(&[f32], usize)], pw: &PackedWeights, bias: &[f32],
                 for cb in 0..pw.blocks() {
                     let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
                     // the last pass adds bias, SiLU and residual before storing
-                    let epi = (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
+                    let epi =
+                        (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
                     // SAFETY: the kernel is available (checked by the caller); the block is
                     // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its
                     // CO x n block and written by no other tile; bias has CO values and the
@@ -351,7 +391,16 @@ fn tile_rows(g: &Geom, b: usize, threads: usize) -> usize {
 /// With `packed` (the same weight, packed at load time) and an AVX2 CPU, the convolution runs on
 /// the packed-weight kernel ([`cpukernel`]), else on the `gemm` crate.
 #[allow(clippy::too_many_arguments)]
-pub fn conv2d(inputs: &[&Tensor], weight: &Tensor, packed: Option<&PackedWeights>, bias: &Tensor, stride: usize, padding: usize, act: bool, residual: Option<&Tensor>) -> Result<Tensor> {
+pub fn conv2d(
+    inputs: &[&Tensor],
+    weight: &Tensor,
+    packed: Option<&PackedWeights>,
+    bias: &Tensor,
+    stride: usize,
+    padding: usize,
+    act: bool,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
     let (co, ci, k, k2) = weight.dims4()?;
     let Some(first) = inputs.first() else { bail!("cpuconv: no input") };
     let (b, _, h, w) = first.dims4()?;

@@ -128,7 +128,15 @@ unsafe fn silu8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
 /// and `c` is writable at `i * ldc + j` for `i < M`, `j < NR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel<const M: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool, epi: Option<Epilogue>) {
+unsafe fn kernel<const M: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    epi: Option<Epilogue>,
+) {
     // SAFETY: the caller guarantees AVX2/FMA and the extents of `a`, `b`, `c` and the epilogue
     // pointers (see # Safety); every offset below stays inside them.
     unsafe {
@@ -169,7 +177,17 @@ unsafe fn kernel<const M: usize>(kc: usize, a: *const f32, b: *const f32, c: *mu
 /// As [`block`].
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dispatch(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool, m: usize, n: usize, epi: Option<Epilogue>) {
+unsafe fn dispatch(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    m: usize,
+    n: usize,
+    epi: Option<Epilogue>,
+) {
     // SAFETY: the caller guarantees what [`block`] requires; `tmp` holds MR x NR values and each
     // row copied back is the `n <= NR` columns of `c` that the caller made writable.
     unsafe {
@@ -247,7 +265,11 @@ mod tests {
                 unsafe { block(kc, &a, &b, c.as_mut_ptr(), ldc, acc, m, n, None) };
                 for i in 0..MR {
                     for j in 0..ldc {
-                        let want = if i < m && j < n { (0..kc).map(|k| a[k * MR + i] * b[k * NR + j]).sum::<f32>() + if acc { 1.0 } else { 0.0 } } else { 1.0 };
+                        let want = if i < m && j < n {
+                            (0..kc).map(|k| a[k * MR + i] * b[k * NR + j]).sum::<f32>() + if acc { 1.0 } else { 0.0 }
+                        } else {
+                            1.0
+                        };
                         assert_eq!(c[i * ldc + j], want, "m{m} n{n} acc{acc} at {i},{j}");
                     }
                 }

@@ -224,11 +224,12 @@ impl Plan {
 
 fn admitted(f16: bool, algo: sys::cudnnConvolutionFwdAlgo_t) -> bool {
     use sys::cudnnConvolutionFwdAlgo_t as A;
-    !f16
-        || matches!(
-            algo,
-            A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM | A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM | A::CUDNN_CONVOLUTION_FWD_ALGO_GEMM
-        )
+    !f16 || matches!(
+        algo,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+            | A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+            | A::CUDNN_CONVOLUTION_FWD_ALGO_GEMM
+    )
 }
 
 struct CudnnConv {
@@ -260,7 +261,14 @@ impl CustomOp2 for CudnnConv {
     }
 }
 
-fn run<T: DeviceRepr>(dev: &CudaDevice, key: &Key, x: &CudaSlice<T>, xl: &Layout, w: &CudaSlice<T>, wl: &Layout) -> candle_core::Result<CudaSlice<T>> {
+fn run<T: DeviceRepr>(
+    dev: &CudaDevice,
+    key: &Key,
+    x: &CudaSlice<T>,
+    xl: &Layout,
+    w: &CudaSlice<T>,
+    wl: &Layout,
+) -> candle_core::Result<CudaSlice<T>> {
     let handle = handle(dev)?;
     let stream = dev.cuda_stream();
     let [n, c, h, wd] = key.y_dims();

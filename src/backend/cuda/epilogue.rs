@@ -54,7 +54,15 @@ impl CustomOp3 for BiasAct {
         "bias-act-residual"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         candle_core::bail!("bias-act-residual: CUDA only")
     }
 
@@ -101,7 +109,16 @@ fn launch(act: bool, channels_last: bool, (y, yl): Arg, (b, bl): Arg, res: Optio
             };
             candle_core::cuda_backend::CudaStorageSlice::F16(s)
         }
-        DType::F32 => candle_core::cuda_backend::CudaStorageSlice::F32(go::<f32>(&dev, "bias_act_f32", Pairs::No, act, (y, yl), (b, bl), res, (n, hw, c))?),
+        DType::F32 => candle_core::cuda_backend::CudaStorageSlice::F32(go::<f32>(
+            &dev,
+            "bias_act_f32",
+            Pairs::No,
+            act,
+            (y, yl),
+            (b, bl),
+            res,
+            (n, hw, c),
+        )?),
         dt => candle_core::bail!("bias-act: unsupported dtype {dt:?}"),
     };
     Ok((CudaStorage { slice, device: dev }, yl.shape().clone()))

@@ -62,7 +62,14 @@ type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
 /// Launches the kernel: `out = base + up(s0) (+ up(s1))`, `base` laid out by `bl`; `out` is a
 /// new buffer, or `base` itself (in place: each element is read and written by one thread).
-fn launch<T: DeviceRepr + CudaDType + candle_core::WithDType>(dev: &candle_core::CudaDevice, base: &CudaSlice<T>, bl: &Layout, out: &CudaSlice<T>, s0: Arg, s1: Option<Arg>) -> candle_core::Result<()> {
+fn launch<T: DeviceRepr + CudaDType + candle_core::WithDType>(
+    dev: &candle_core::CudaDevice,
+    base: &CudaSlice<T>,
+    bl: &Layout,
+    out: &CudaSlice<T>,
+    s0: Arg,
+    s1: Option<Arg>,
+) -> candle_core::Result<()> {
     if !bl.is_contiguous() {
         candle_core::bail!("cbfuse: the accumulator must be contiguous");
     }
@@ -150,10 +157,26 @@ impl CustomOp3 for Fuse {
     fn name(&self) -> &'static str {
         "cbfuse"
     }
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         candle_core::bail!("cbfuse: CUDA only")
     }
-    fn cuda_fwd(&self, b: &CudaStorage, bl: &Layout, s0: &CudaStorage, l0: &Layout, s1: &CudaStorage, l1: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        b: &CudaStorage,
+        bl: &Layout,
+        s0: &CudaStorage,
+        l0: &Layout,
+        s1: &CudaStorage,
+        l1: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
         fresh((b, bl), (s0, l0), Some((s1, l1)))
     }
 }
@@ -177,7 +200,15 @@ impl InplaceOp3 for Fuse {
     fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<()> {
         candle_core::bail!("cbfuse: CUDA only")
     }
-    fn cuda_fwd(&self, a: &mut CudaStorage, al: &Layout, s0: &CudaStorage, l0: &Layout, s1: &CudaStorage, l1: &Layout) -> candle_core::Result<()> {
+    fn cuda_fwd(
+        &self,
+        a: &mut CudaStorage,
+        al: &Layout,
+        s0: &CudaStorage,
+        l0: &Layout,
+        s1: &CudaStorage,
+        l1: &Layout,
+    ) -> candle_core::Result<()> {
         in_place(a, al, (s0, l0), Some((s1, l1)))
     }
 }

@@ -17,7 +17,6 @@
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{Device, Tensor};
 
-
 pub struct GraphedForward {
     /// Fixed input buffer `(B, 3, S, S)` the graph reads.
     input: Tensor,
@@ -54,7 +53,9 @@ impl GraphedForward {
         if input.dim(0)? > 1 {
             // the warm passes' activations, cached in the stream pool, would otherwise sit beside
             // the graph's own copy of them when it is uploaded
-            crate::backend::devmem::PeakMeter::new(x.device()).trim().map_err(|e| candle_core::Error::Msg(format!("CUDA graph: trimming the pool: {e}")))?;
+            crate::backend::devmem::PeakMeter::new(x.device())
+                .trim()
+                .map_err(|e| candle_core::Error::Msg(format!("CUDA graph: trimming the pool: {e}")))?;
         }
         // the captured pass allocates in the graph's own pool, never in the arena: a graph keeps
         // the addresses it was given, and eager passes would reuse arena addresses
@@ -65,7 +66,8 @@ impl GraphedForward {
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
         drop(paused);
         captured?;
-        let graph = graph.map_err(derr("end capture"))?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
+        let graph =
+            graph.map_err(derr("end capture"))?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
         graph.upload().map_err(derr("upload"))?;
         Ok(Self { input, output, graph, thread: std::thread::current().id() })
     }
@@ -77,7 +79,10 @@ impl GraphedForward {
 
     /// Whether this graph was captured for inputs shaped and typed like `x`, on this thread.
     pub fn fits(&self, x: &Tensor) -> bool {
-        x.dims() == self.input.dims() && x.dtype() == self.input.dtype() && x.device().same_device(self.input.device()) && std::thread::current().id() == self.thread
+        x.dims() == self.input.dims()
+            && x.dtype() == self.input.dtype()
+            && x.device().same_device(self.input.device())
+            && std::thread::current().id() == self.thread
     }
 
     /// The forward pass of `x` (shaped like the captured input) by one graph launch.
@@ -89,5 +94,4 @@ impl GraphedForward {
         self.graph.launch().map_err(derr("launch"))?;
         self.output.copy()
     }
-
 }

@@ -26,11 +26,27 @@ impl CustomOp3 for Decode {
         "dfl-decode"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         candle_core::bail!("dfl-decode: CUDA only")
     }
 
-    fn cuda_fwd(&self, bx: &CudaStorage, bl: &Layout, cl: &CudaStorage, cll: &Layout, pj: &CudaStorage, pl: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        bx: &CudaStorage,
+        bl: &Layout,
+        cl: &CudaStorage,
+        cll: &Layout,
+        pj: &CudaStorage,
+        pl: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
         let (n, h, w, r4) = bl.shape().dims4()?;
         let (cn, ch, cw, nc) = cll.shape().dims4()?;
         let reg = pl.shape().elem_count();
@@ -55,7 +71,14 @@ impl CustomOp3 for Decode {
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
-fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>((bx, bl): Arg, (cl, cll): Arg, (pj, pl): Arg, kernel: &str, dims: [u32; 5], stride: f32) -> candle_core::Result<CudaSlice<T>> {
+fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+    (bx, bl): Arg,
+    (cl, cll): Arg,
+    (pj, pl): Arg,
+    kernel: &str,
+    dims: [u32; 5],
+    stride: f32,
+) -> candle_core::Result<CudaSlice<T>> {
     let dev = bx.device();
     let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
     let bv = bx.as_cuda_slice::<T>()?.slice(bl.start_offset()..);

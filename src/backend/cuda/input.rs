@@ -49,7 +49,13 @@ impl CustomOp1 for Normalize {
     }
 }
 
-fn go<T: DeviceRepr>(x: &CudaStorage, l: &Layout, kernel: &str, pixels: usize, hw: usize) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
+fn go<T: DeviceRepr>(
+    x: &CudaStorage,
+    l: &Layout,
+    kernel: &str,
+    pixels: usize,
+    hw: usize,
+) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
     let dev = x.device();
     let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
     let xv = x.as_cuda_slice::<u8>()?.slice(l.start_offset()..);

@@ -73,7 +73,14 @@ impl CustomOp1 for Pool {
     }
 }
 
-fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(x: &CudaStorage, l: &Layout, kernel: &str, dims: [u32; 10], n_out: usize, max: bool) -> candle_core::Result<CudaSlice<T>> {
+fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+    x: &CudaStorage,
+    l: &Layout,
+    kernel: &str,
+    dims: [u32; 10],
+    n_out: usize,
+    max: bool,
+) -> candle_core::Result<CudaSlice<T>> {
     let dev = x.device();
     let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
     let xv = x.as_cuda_slice::<T>()?.slice(l.start_offset()..);
