@@ -422,7 +422,7 @@ pub struct BatchPlan {
     pub plan: Option<PlanReport>,
 }
 
-/// The planner's decision and how it got there (see `src/planner.rs`).
+/// The planner's decision and how it got there (see `src/planner/`).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanReport {

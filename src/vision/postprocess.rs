@@ -50,7 +50,7 @@ pub struct Candidate {
 }
 
 /// Floats per candidate row that the device filter returns: x, y, w, h, score, class, picture,
-/// anchor (`src/model/kernels/candidates.cu`).
+/// anchor (`src/backend/cuda/kernels/candidates.cu`).
 pub const DEVICE_ROW: usize = 8;
 
 /// Per-picture candidate lists, each in anchor order (as the host filter yields them), from the

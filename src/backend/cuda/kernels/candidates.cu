@@ -3,7 +3,7 @@
 // appended to one list shared by the batch as 8 floats (x, y, w, h, score, class, n, j), and
 // `count` is incremented. Only the count and the survivors go back to the host, which orders
 // them by (n, j). Ties between classes keep the first (as torch's max). Contiguous input.
-// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_candidates.rs.
+// Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/candidates.rs.
 #include <cuda_fp16.h>
 
 template <typename T> __device__ __forceinline__ float ld(T v);

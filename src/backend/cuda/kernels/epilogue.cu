@@ -2,7 +2,7 @@
 //   out = act(y + bias[c]) (+ residual),  act = SiLU or identity,
 // computed in f32 and rounded once (candle needs three kernels and three round trips through
 // memory for this: broadcast add, silu, add). NCHW, contiguous; `hw` = H*W, `c` = channels.
-// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_epilogue.rs.
+// Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/epilogue.rs.
 #include "common.cuh"
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }

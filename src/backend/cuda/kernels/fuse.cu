@@ -3,7 +3,7 @@
 // outputs (any strides: the slice's own). `out` may be `base` (in place): each element is read
 // and written by the same thread. candle needs a strided copy, a broadcast copy and an add per
 // source, at full resolution.
-// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_fuse.rs.
+// Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/fuse.rs.
 #include "common.cuh"
 
 // One source: element (b, y, x, c) of the output reads src[b*s.n + (y/f)*s.h + (x/f)*s.w + c*s.c].

@@ -5,7 +5,7 @@
 // reference's raw output (B, 4 + nc, H*W) for this level. candle needs about fifteen kernels
 // and as many passes over the (B, 4*reg_max + nc, anchors) tensor for the same.
 // f32 arithmetic, rounded once. One thread per (picture, anchor).
-// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_head.rs.
+// Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/head.rs.
 #include "common.cuh"
 
 template <typename T>

@@ -2,7 +2,7 @@
 // normalised NCHW input (B, 3, H, W) = x / 255 in f16 or f32. One thread per pixel reads its three
 // bytes and writes one element of each channel plane (coalesced per plane). The division is done
 // in f32 and rounded once, as torch's `im.half() / 255` does.
-// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_input.rs.
+// Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/input.rs.
 #include "common.cuh"
 
 template <typename T>

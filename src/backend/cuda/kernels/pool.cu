@@ -5,7 +5,7 @@
 // (the slice's offset is applied to the pointer). The output is contiguous (n, oh, ow, c).
 // f32 arithmetic, rounded once. Consecutive threads take consecutive channels (coalesced); the
 // f16 kernel for c and cs divisible by 8 moves 8 channels (16 bytes) per load.
-// Built to PTX by build.rs (feature `cuda`); launched from src/model/gpu_pool.rs.
+// Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/pool.rs.
 #include "common.cuh"
 
 template <typename T>
