@@ -21,8 +21,8 @@ pub enum WeightsError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: not a model checkpoint: {reason}")]
     NotACheckpoint { path: PathBuf, reason: String },
-    #[error("{path}: damaged pickle in the checkpoint: {source}")]
-    Pickle { path: PathBuf, source: pickle::PickleError },
+    #[error("{path}: damaged pickle in the checkpoint: {reason}")]
+    Pickle { path: PathBuf, reason: pickle::PickleError },
     #[error("{path}: tensor `{tensor}`: {reason}")]
     Tensor { path: PathBuf, tensor: String, reason: String },
     #[error("{path}: missing tensor `{tensor}` (expected shape {expected:?})")]
@@ -125,19 +125,144 @@ fn load_safetensors(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsErro
     Ok(Checkpoint { path: path.to_owned(), format, tensors, names, imgsz, strides, metadata, sha256: String::new() })
 }
 
+/// Most members a `.pt` archive may hold. torch.save writes one per tensor storage plus a
+/// few (the largest YOLOv9 checkpoint has about 1,500); the zip reader indexes every member.
+pub const MAX_MEMBERS: usize = 100_000;
+/// Largest `data.pkl` accepted (64 MiB, decompressed). The pickle of a YOLOv9 checkpoint is
+/// under 2 MiB; the pickle reader's work and memory grow with this size.
+pub const MAX_PICKLE_BYTES: u64 = 64 << 20;
+/// Largest zip member read (4 GiB, decompressed): more than any tensor storage of a detection
+/// model.
+pub const MAX_MEMBER_BYTES: u64 = 4 << 30;
+/// Largest decompressed/compressed size ratio of a member (1024). torch.save stores members
+/// uncompressed (ratio 1); weights that someone re-compressed shrink by less than 2.
+pub const MAX_COMPRESSION_RATIO: u64 = 1024;
+/// Bytes a `.pt` load may decompress and copy into tensors, per byte of the file (8), on top of
+/// [`LOAD_BYTES_FLOOR`]. A torch.save archive holds its storages uncompressed, so a real
+/// checkpoint needs about 2 bytes per file byte (the storages, then the tensors cut from them);
+/// this budget is what bounds the memory of a load, whatever the file claims.
+pub const LOAD_BYTES_PER_FILE_BYTE: u64 = 8;
+/// Bytes any `.pt` load may decompress and copy, on top of [`LOAD_BYTES_PER_FILE_BYTE`] (64 MiB).
+pub const LOAD_BYTES_FLOOR: u64 = 64 << 20;
+/// Most values of the model's `stride` attribute read (a YOLO model has 3 or 4).
+const MAX_STRIDES: usize = 64;
+/// Deepest module nesting walked for tensors (YOLO modules nest 4 levels).
+const MAX_MODULE_DEPTH: usize = 64;
+
+type Zip<'a> = zip::ZipArchive<std::io::Cursor<&'a [u8]>>;
+
+/// Bytes a load may still decompress and copy.
+struct Budget {
+    left: u64,
+    total: u64,
+    file: u64,
+}
+
+impl Budget {
+    fn for_file(file_len: usize) -> Self {
+        let file = file_len as u64;
+        let total = file.saturating_mul(LOAD_BYTES_PER_FILE_BYTE).saturating_add(LOAD_BYTES_FLOOR);
+        Budget { left: total, total, file }
+    }
+    fn spend(&mut self, bytes: u64, what: &str) -> Result<(), String> {
+        if bytes > self.left {
+            return Err(format!(
+                "{what} needs {bytes} bytes, over the load budget ({} bytes for a {} byte file, {} left)",
+                self.total, self.file, self.left
+            ));
+        }
+        self.left -= bytes;
+        Ok(())
+    }
+}
+
+/// Reads one archive member, at most `max` bytes, charged to the budget. The size in the
+/// member's header is checked first, and the stream is cut one byte past it, so a member that
+/// lies about its size is caught without reading more.
+fn read_member(zip: &mut Zip, name: &str, max: u64, budget: &mut Budget) -> Result<Vec<u8>, String> {
+    let f = zip.by_name(name).map_err(|e| format!("`{name}` unreadable ({e})"))?;
+    let declared = f.size();
+    let cap = max.min(MAX_MEMBER_BYTES).min(f.compressed_size().saturating_mul(MAX_COMPRESSION_RATIO));
+    if declared > cap {
+        return Err(format!("`{name}` would decompress to {declared} bytes from {}, more than the {cap} allowed", f.compressed_size()));
+    }
+    budget.spend(declared, &format!("`{name}`"))?;
+    let mut buf = Vec::new();
+    f.take(declared.saturating_add(1)).read_to_end(&mut buf).map_err(|e| format!("`{name}` unreadable ({e})"))?;
+    if buf.len() as u64 != declared {
+        return Err(format!("`{name}` holds {} bytes or more, its header says {declared}", buf.len()));
+    }
+    Ok(buf)
+}
+
+/// Element count of a tensor view and the byte just past the last element it reaches, checked
+/// against overflow.
+fn view_extent(tr: &pickle::TensorRef, elem: u64) -> Result<(u64, u64), String> {
+    let overflow = || format!("shape {:?}, stride {:?} and offset {} overflow 64 bits", tr.shape, tr.stride, tr.offset);
+    let mut numel: u64 = 1;
+    for &d in &tr.shape {
+        numel = numel.checked_mul(d as u64).ok_or_else(overflow)?;
+    }
+    if numel == 0 {
+        return Ok((0, 0));
+    }
+    let mut last = tr.offset as u64;
+    for (&d, &s) in tr.shape.iter().zip(&tr.stride) {
+        last = (d as u64 - 1).checked_mul(s as u64).and_then(|x| last.checked_add(x)).ok_or_else(overflow)?;
+    }
+    let end = last.checked_add(1).and_then(|x| x.checked_mul(elem)).ok_or_else(overflow)?;
+    Ok((numel, end))
+}
+
+/// Copies a tensor view (shape, stride, offset) out of its storage, row-major.
+fn gather(tr: &pickle::TensorRef, data: &[u8], es: usize, numel: usize) -> Option<Vec<u8>> {
+    if numel == 0 {
+        return Some(Vec::new());
+    }
+    let mut contiguous = true;
+    let mut expect = 1usize;
+    for (&d, &s) in tr.shape.iter().zip(&tr.stride).rev() {
+        if d > 1 && s != expect {
+            contiguous = false;
+        }
+        expect = expect.checked_mul(d)?;
+    }
+    let start = tr.offset.checked_mul(es)?;
+    if contiguous {
+        return data.get(start..start.checked_add(numel.checked_mul(es)?)?).map(<[u8]>::to_vec);
+    }
+    let mut out = Vec::with_capacity(numel.checked_mul(es)?);
+    let mut idx = vec![0usize; tr.shape.len()];
+    for _ in 0..numel {
+        let off = tr.offset + idx.iter().zip(&tr.stride).map(|(i, s)| i * s).sum::<usize>();
+        out.extend_from_slice(data.get(off * es..off * es + es)?);
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < tr.shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Some(out)
+}
+
 fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| not_ckpt(path, format!("damaged zip archive ({e})")))?;
+    if zip.len() > MAX_MEMBERS {
+        return Err(not_ckpt(path, format!("zip archive of {} members, more than the {MAX_MEMBERS} allowed", zip.len())));
+    }
+    let mut budget = Budget::for_file(bytes.len());
     let pkl_name = zip
         .file_names()
         .filter_map(|n| n.ok().map(|n| n.into_owned()))
         .find(|n| n.ends_with("data.pkl"))
         .ok_or_else(|| not_ckpt(path, "zip archive without data.pkl (not a torch.save file)"))?;
     let prefix = pkl_name.strip_suffix("data.pkl").unwrap_or("").to_string();
-    let mut pkl = Vec::new();
-    zip.by_name(&pkl_name)
-        .and_then(|mut f| f.read_to_end(&mut pkl).map_err(Into::into))
-        .map_err(|e| not_ckpt(path, format!("cannot read data.pkl ({e})")))?;
-    let root = pickle::parse(&pkl).map_err(|source| WeightsError::Pickle { path: path.to_owned(), source })?;
+    let pkl = read_member(&mut zip, &pkl_name, MAX_PICKLE_BYTES, &mut budget)
+        .map_err(|e| not_ckpt(path, format!("cannot read data.pkl: {e}")))?;
+    let root = pickle::parse(&pkl).map_err(|reason| WeightsError::Pickle { path: path.to_owned(), reason })?;
+    drop(pkl);
 
     // The module: ckpt["ema"] or ckpt["model"] (ultralytics / official), or the object itself.
     let model = match &root {
@@ -162,8 +287,7 @@ fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
         return Err(WeightsError::UnknownArchitecture { path: path.to_owned(), reason: format!("`{class}` is not a detection model") });
     }
 
-    let mut refs = Vec::new();
-    collect_tensors(&model, "", &mut refs, 0);
+    let refs = collect_tensors(&model);
     if refs.is_empty() {
         return Err(not_ckpt(path, "the model holds no tensors"));
     }
@@ -180,75 +304,74 @@ fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
             other => return Err(terr(format!("unsupported storage type {other}"))),
         };
         let es = dtype.size_in_bytes();
+        let entry = format!("{prefix}data/{}", tr.storage.key);
+        let storage_bytes = (tr.storage.numel as u64)
+            .checked_mul(es as u64)
+            .ok_or_else(|| terr(format!("storage `{entry}` of {} elements overflows 64 bits", tr.storage.numel)))?;
         if !storages.contains_key(&tr.storage.key) {
-            let entry = format!("{prefix}data/{}", tr.storage.key);
-            let mut buf = Vec::new();
-            zip.by_name(&entry)
-                .and_then(|mut f| f.read_to_end(&mut buf).map_err(Into::into))
-                .map_err(|e| terr(format!("storage `{entry}` unreadable ({e})")))?;
-            if buf.len() < tr.storage.numel * es {
-                return Err(terr(format!(
-                    "storage `{entry}` holds {} bytes, {} expected (truncated file?)",
-                    buf.len(),
-                    tr.storage.numel * es
-                )));
-            }
+            let buf = read_member(&mut zip, &entry, MAX_MEMBER_BYTES, &mut budget).map_err(|e| terr(format!("storage {e}")))?;
             storages.insert(tr.storage.key.clone(), buf);
         }
-        let data = &storages[&tr.storage.key];
-        let numel: usize = tr.shape.iter().product();
-        let mut out = Vec::with_capacity(numel * es);
-        // gather element by element through the strides (tensors are small; most are contiguous)
-        let mut idx = vec![0usize; tr.shape.len()];
-        for _ in 0..numel {
-            let off = tr.offset + idx.iter().zip(&tr.stride).map(|(i, s)| i * s).sum::<usize>();
-            let b = off * es;
-            if b + es > data.len() {
-                return Err(terr("tensor view reaches past its storage".into()));
-            }
-            out.extend_from_slice(&data[b..b + es]);
-            for d in (0..idx.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < tr.shape[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
+        let data = storages.get(&tr.storage.key).map(Vec::as_slice).unwrap_or_default();
+        if (data.len() as u64) < storage_bytes {
+            return Err(terr(format!(
+                "storage `{entry}` holds {} bytes, {} elements of {es} bytes expected (truncated file?)",
+                data.len(),
+                tr.storage.numel
+            )));
         }
+        let (numel, end) = view_extent(&tr, es as u64).map_err(&terr)?;
+        if end > data.len() as u64 {
+            return Err(terr(format!(
+                "view (offset {}, shape {:?}, stride {:?}) reaches byte {end} of a {} byte storage",
+                tr.offset,
+                tr.shape,
+                tr.stride,
+                data.len()
+            )));
+        }
+        let out_bytes = numel.checked_mul(es as u64).ok_or_else(|| terr("tensor size overflows 64 bits".into()))?;
+        budget.spend(out_bytes, &format!("a tensor of shape {:?}", tr.shape)).map_err(&terr)?;
+        let numel = usize::try_from(numel).map_err(|_| terr("tensor too large".into()))?;
+        let out = gather(&tr, data, es, numel).ok_or_else(|| terr("tensor view reaches past its storage".into()))?;
         let t = Tensor::from_raw_buffer(&out, dtype, &tr.shape, &Device::Cpu).map_err(|e| terr(e.to_string()))?;
         tensors.insert(name, t);
     }
 
     let names = model.attr("names").and_then(|n| names_from(&n));
-    let imgsz = root.get("train_args").and_then(|a| a.get("imgsz")).and_then(|v| v.as_int()).map(|v| v as usize);
-    let strides = model.attr("stride").and_then(|s| match s {
-        Value::Tensor(t) => tensors_from_ref(path, &zip_storage(&mut zip, &prefix, &t.storage.key).ok()?, &t).ok(),
+    let imgsz = root.get("train_args").and_then(|a| a.get("imgsz")).and_then(|v| v.as_int()).and_then(|v| usize::try_from(v).ok());
+    let stride_attr = model.attr("stride");
+    let strides = match &stride_attr {
+        Some(Value::Tensor(t)) => {
+            let data = read_member(&mut zip, &format!("{prefix}data/{}", t.storage.key), MAX_MEMBER_BYTES, &mut budget).ok();
+            data.and_then(|d| small_floats(&d, t))
+        }
         _ => None,
-    });
+    };
     Ok(Checkpoint { path: path.to_owned(), format, tensors, names, imgsz, strides, metadata: BTreeMap::new(), sha256: String::new() })
 }
 
-fn zip_storage(zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>, prefix: &str, key: &str) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    zip.by_name(&format!("{prefix}data/{key}"))?.read_to_end(&mut buf)?;
-    Ok(buf)
-}
-
-/// Reads a small float tensor (e.g. the model's strides) into f64 values.
-fn tensors_from_ref(path: &Path, data: &[u8], t: &pickle::TensorRef) -> Result<Vec<f64>, WeightsError> {
-    let n: usize = t.shape.iter().product();
-    let vals: Option<Vec<f64>> = (0..n)
+/// Reads a small 1-D float tensor (e.g. the model's strides) into f64 values; `None` when it
+/// is not one or does not fit its storage.
+fn small_floats(data: &[u8], t: &pickle::TensorRef) -> Option<Vec<f64>> {
+    let n = match t.shape.as_slice() {
+        [] => 1,
+        [n] if *n <= MAX_STRIDES => *n,
+        _ => return None,
+    };
+    let step = t.stride.last().copied().unwrap_or(1);
+    (0..n)
         .map(|i| {
-            let off = t.offset + i * t.stride.last().copied().unwrap_or(1);
+            let off = i.checked_mul(step)?.checked_add(t.offset)?;
+            let bytes = |w: usize| data.get(off.checked_mul(w)?..off.checked_mul(w)?.checked_add(w)?);
             match t.storage.kind.as_str() {
-                "FloatStorage" => data.get(off * 4..off * 4 + 4).map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64),
-                "HalfStorage" => data.get(off * 2..off * 2 + 2).map(|b| half::f16::from_le_bytes(b.try_into().unwrap()).to_f64()),
-                "DoubleStorage" => data.get(off * 8..off * 8 + 8).map(|b| f64::from_le_bytes(b.try_into().unwrap())),
+                "FloatStorage" => Some(f32::from_le_bytes(bytes(4)?.try_into().ok()?) as f64),
+                "HalfStorage" => Some(half::f16::from_le_bytes(bytes(2)?.try_into().ok()?).to_f64()),
+                "DoubleStorage" => Some(f64::from_le_bytes(bytes(8)?.try_into().ok()?)),
                 _ => None,
             }
         })
-        .collect();
-    vals.ok_or_else(|| WeightsError::Tensor { path: path.to_owned(), tensor: "stride".into(), reason: "unreadable".into() })
+        .collect()
 }
 
 /// `{0: 'person', ...}` or `['person', ...]` into an ordered list.
@@ -266,27 +389,37 @@ fn names_from(v: &Value) -> Option<Vec<String>> {
     }
 }
 
-/// Walks `_parameters`, `_buffers` and `_modules` like `nn.Module.state_dict()`.
-fn collect_tensors(m: &Value, prefix: &str, out: &mut Vec<(String, Rc<pickle::TensorRef>)>, depth: usize) {
-    if depth > 64 {
-        return;
-    }
-    for key in ["_parameters", "_buffers"] {
-        if let Some(d) = m.attr(key).and_then(|d| d.pairs()) {
-            for (k, v) in d {
-                if let (Some(k), Value::Tensor(t)) = (k.as_str(), &v) {
-                    out.push((format!("{prefix}{k}"), t.clone()));
+/// Walks `_parameters`, `_buffers` and `_modules` like `nn.Module.state_dict()`, iteratively,
+/// at most [`MAX_MODULE_DEPTH`] modules deep, and each module once (a module shared by two
+/// parents is listed under the first path found, so a graph of shared modules costs its size,
+/// not the number of its paths).
+fn collect_tensors(model: &Value) -> Vec<(String, Rc<pickle::TensorRef>)> {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut todo = vec![(model.clone(), String::new(), 0usize)];
+    while let Some((m, prefix, depth)) = todo.pop() {
+        if depth > MAX_MODULE_DEPTH || !m.identity().is_some_and(|id| seen.insert(id)) {
+            continue;
+        }
+        for key in ["_parameters", "_buffers"] {
+            if let Some(d) = m.attr(key).and_then(|d| d.pairs()) {
+                for (k, v) in d {
+                    if let (Some(k), Value::Tensor(t)) = (k.as_str(), &v) {
+                        out.push((format!("{prefix}{k}"), t.clone()));
+                    }
+                }
+            }
+        }
+        if let Some(d) = m.attr("_modules").and_then(|d| d.pairs()) {
+            // reversed, so that the stack pops the modules in their order
+            for (k, v) in d.into_iter().rev() {
+                if let Some(k) = k.as_str() {
+                    todo.push((v.clone(), format!("{prefix}{k}."), depth + 1));
                 }
             }
         }
     }
-    if let Some(d) = m.attr("_modules").and_then(|d| d.pairs()) {
-        for (k, v) in d {
-            if let Some(k) = k.as_str() {
-                collect_tensors(&v, &format!("{prefix}{k}."), out, depth + 1);
-            }
-        }
-    }
+    out
 }
 
 use std::rc::Rc;
