@@ -351,3 +351,44 @@ fn zip_bombs_and_oversized_archives_are_refused() {
     z.write_all(&model_with(|p| p.tensor("0", 0, 0, &[0], &[1]))).unwrap();
     assert_refused(dir.path(), "many-members.pt", &z.finish().unwrap().into_inner(), &["100000 allowed"]);
 }
+
+/// Sets the uncompressed size of member `name` to `size` in both its local and central headers.
+fn patch_declared_size(zip: &mut [u8], name: &str, size: u32) {
+    let mut patched = 0;
+    for i in 0..zip.len().saturating_sub(46 + name.len()) {
+        let (sig, name_at, size_at) = match &zip[i..i + 4] {
+            b"PK\x03\x04" => ("local", 30, 22),
+            b"PK\x01\x02" => ("central", 46, 24),
+            _ => continue,
+        };
+        if &zip[i + name_at..i + name_at + name.len()] == name.as_bytes() {
+            zip[i + size_at..i + size_at + 4].copy_from_slice(&size.to_le_bytes());
+            patched += 1;
+            eprintln!("patched the {sig} header of {name}");
+        }
+    }
+    assert_eq!(patched, 2, "{name}: local and central headers");
+}
+
+#[test]
+fn zip_members_longer_than_their_headers_say_and_hostile_safetensors_are_refused() {
+    let dir = tmpdir();
+    // 80 bytes stored, the headers say 40: the read stops at 41
+    let pkl = model_with(|p| p.tensor("0", 10, 0, &[10], &[1]));
+    let mut liar = pt(&pkl, &[("0", &[0u8; 80])]);
+    patch_declared_size(&mut liar, "m/data/0", 40);
+    assert_refused(dir.path(), "member-longer-than-header.pt", &liar, &["its header says 40", "larger than its declared"]);
+
+    let safetensors = |header: &str, data: &[u8]| [&(header.len() as u64).to_le_bytes()[..], header.as_bytes(), data].concat();
+    let trillion = safetensors(r#"{"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,40]}}"#, &[0; 40]);
+    assert_refused(dir.path(), "trillion.safetensors", &trillion, &["safetensors"]);
+    let overflow = safetensors(r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,40]}}"#, &[0; 40]);
+    assert_refused(dir.path(), "overflow.safetensors", &overflow, &["safetensors"]);
+    let past_end = safetensors(r#"{"w":{"dtype":"F32","shape":[1000000000],"data_offsets":[0,4000000000]}}"#, &[0; 40]);
+    assert_refused(dir.path(), "past-end.safetensors", &past_end, &["safetensors"]);
+    let mut huge_header = u64::MAX.to_le_bytes().to_vec();
+    huge_header.extend_from_slice(b"{}");
+    assert_refused(dir.path(), "huge-header.safetensors", &huge_header, &["safetensors"]);
+    let nested = safetensors(&format!("{}{}", r#"{"a":"#.repeat(100_000), "}".repeat(100_000)), &[]);
+    assert_refused(dir.path(), "nested-header.safetensors", &nested, &["safetensors"]);
+}
