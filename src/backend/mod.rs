@@ -9,17 +9,36 @@
 //!   placement of a pass's activations (CUDA); [`profile`]: opt-in per-operation timing.
 //! - [`tuning`]: the operator-tunable settings of this layer, with their defaults.
 //!
-//! May use: candle, cudarc, the standard library. Never imports the model, the detector or
-//! anything above them: the model calls down into this layer, not the other way round.
+//! The model and the detector use this layer through the names re-exported below; the
+//! per-device modules `cpu` and `cuda` are private to it.
+//!
+//! May use: candle, cudarc, the standard library, and `vision`'s plain types. Never imports the
+//! model, the detector or anything above them: the model calls down into this layer, not the
+//! other way round.
 
 pub mod arena;
 pub mod conv;
-pub mod cpu;
+mod cpu;
 #[cfg(feature = "cuda")]
-pub mod cuda;
+mod cuda;
 pub mod device;
 pub mod devmem;
 pub mod oom;
 pub mod profile;
 pub mod tuning;
 pub mod upload;
+
+pub use arena::serve as serve_arena;
+pub use conv::{conv2d, cudnn_takes};
+/// The model's fused f32 convolution on the CPU (im2col + packed GEMM + bias/SiLU/residual).
+pub use cpu::conv::conv2d as cpu_fused_conv2d;
+pub use cpu::kernel::PackedWeights;
+/// Channels-last convolution through a cuDNN plan (`None`: cuDNN cannot run this shape).
+#[cfg(feature = "cudnn")]
+pub use cuda::cudnn::conv2d as cudnn_conv2d;
+#[cfg(feature = "cuda")]
+pub use cuda::{
+    candidates::candidates as device_candidates, epilogue::bias_act, fuse::add_upsampled, graph::GraphedForward, head::decode_level,
+    input::normalize as normalize_input, pool::pool as pool_nhwc,
+};
+pub use upload::Uploader;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::backend::upload::Uploader;
+use crate::backend::Uploader;
 use crate::model::{BuildOptions, ModelError, ModelInfo, YoloV9};
 use crate::vision::postprocess::{self, Candidate, Detection, Thresholds};
 use crate::vision::preprocess::Letterboxed;
@@ -24,7 +24,7 @@ const GRAPH_RETRY_AFTER_OOM: std::time::Duration = std::time::Duration::from_sec
 #[cfg(feature = "cuda")]
 #[derive(Default)]
 struct Graphs {
-    kept: Option<crate::backend::cuda::graph::GraphedForward>,
+    kept: Option<crate::backend::GraphedForward>,
     failed: bool,
     retry_at: Option<std::time::Instant>,
 }
@@ -104,7 +104,7 @@ impl Detector {
 
     /// Stacks letterboxed pictures into the normalised network input `(B, 3, S, S)` on the device.
     pub fn input(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
-        let _arena = crate::backend::arena::serve(self.device());
+        let _arena = crate::backend::serve_arena(self.device());
         let s = self.imgsz;
         let mut parts = Vec::with_capacity(batch.len());
         for lb in batch {
@@ -117,7 +117,7 @@ impl Detector {
         // u8 -> dtype and /255 on the device, NHWC -> NCHW: on CUDA one kernel
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {
-            return crate::backend::cuda::input::normalize(&x, self.dtype());
+            return crate::backend::normalize_input(&x, self.dtype());
         }
         x.to_dtype(self.dtype())?.permute((0, 3, 1, 2))?.contiguous()? / 255.0
     }
@@ -130,7 +130,7 @@ impl Detector {
     /// The network on a normalised input `(B, 3, S, S)`: at batch 1 on CUDA with graphs on
     /// ([`Detector::use_graphs`]), one graph launch; otherwise the model's eager pass.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let _arena = crate::backend::arena::serve(self.device());
+        let _arena = crate::backend::serve_arena(self.device());
         #[cfg(feature = "cuda")]
         if let Some(y) = self.graphed(x) {
             return Ok(y);
@@ -140,7 +140,7 @@ impl Detector {
 
     #[cfg(feature = "cuda")]
     fn graphed(&self, x: &Tensor) -> Option<Tensor> {
-        use crate::backend::cuda::graph::GraphedForward;
+        use crate::backend::GraphedForward;
         let b = x.dim(0).ok()?;
         if b != 1
             || !self.graphs.load(std::sync::atomic::Ordering::Relaxed)
@@ -182,9 +182,9 @@ impl Detector {
     /// best class and the threshold run on the device and only the survivors come back;
     /// elsewhere one copy of boxes, best score and class per anchor, filtered here.
     pub fn candidates(&self, raw: &Tensor, conf: f32) -> candle_core::Result<Vec<Vec<Candidate>>> {
-        let _arena = crate::backend::arena::serve(raw.device());
+        let _arena = crate::backend::serve_arena(raw.device());
         #[cfg(feature = "cuda")]
-        if let Some(r) = crate::backend::cuda::candidates::candidates(raw, conf) {
+        if let Some(r) = crate::backend::device_candidates(raw, conf) {
             return r;
         }
         let (b, no, a) = raw.dims3()?;

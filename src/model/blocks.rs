@@ -38,7 +38,7 @@ pub struct Conv {
     /// The activation layout; on NHWC the weight is stored `(K, R, S, C/groups)`.
     lay: Lay,
     /// The weight packed for the CPU kernel (f32 CPU convolutions of one group).
-    packed: Option<std::sync::Arc<crate::backend::cpu::kernel::PackedWeights>>,
+    packed: Option<std::sync::Arc<crate::backend::PackedWeights>>,
     /// Set while BatchNorm statistics are being measured (tests, calibration).
     calib: Option<Calib>,
 }
@@ -125,7 +125,7 @@ impl Conv {
         let w = if lay == Lay::Nhwc { w.permute((0, 2, 3, 1))?.contiguous()? } else { w };
         let weight = w.to_dtype(dt)?.to_device(dev)?;
         let packed = if lay == Lay::Nchw && groups == 1 && weight.dtype() == DType::F32 && weight.device().is_cpu() {
-            Some(std::sync::Arc::new(crate::backend::cpu::kernel::PackedWeights::new(&weight)?))
+            Some(std::sync::Arc::new(crate::backend::PackedWeights::new(&weight)?))
         } else {
             None
         };
@@ -179,13 +179,13 @@ impl Conv {
             && cin_g == 1
             && c_out == c_in
             && self.stride == 1
-            && !crate::backend::conv::cudnn_takes(x)
+            && !crate::backend::cudnn_takes(x)
         {
             depthwise(x, &self.weight, k, self.padding)?
         } else if self.groups == 1 && x.device().is_cpu() {
             im2col_gemm(x, &self.weight, self.stride, self.padding)?
         } else {
-            crate::backend::conv::conv2d(x, &self.weight, self.padding, self.stride, self.groups)?
+            crate::backend::conv2d(x, &self.weight, self.padding, self.stride, self.groups)?
         };
         count_macs(&self.weight, &y);
         Ok(y)
@@ -207,10 +207,10 @@ impl Conv {
             return x2.matmul(&self.weight.reshape((co, cin_g))?.t()?)?.reshape((n, h, w, co));
         }
         #[cfg(feature = "cudnn")]
-        if let Some(r) = crate::backend::cuda::cudnn::conv2d(x, &self.weight, self.padding, self.stride, self.groups, true) {
+        if let Some(r) = crate::backend::cudnn_conv2d(x, &self.weight, self.padding, self.stride, self.groups, true) {
             return r;
         }
-        let y = crate::backend::conv::conv2d(&Lay::Nhwc.to_nchw(x)?, &self.weight_kcrs()?, self.padding, self.stride, self.groups)?;
+        let y = crate::backend::conv2d(&Lay::Nhwc.to_nchw(x)?, &self.weight_kcrs()?, self.padding, self.stride, self.groups)?;
         Lay::Nhwc.from_nchw(&y)
     }
 }
@@ -276,7 +276,7 @@ fn depthwise(x: &Tensor, w: &Tensor, k: usize, pad: usize) -> candle_core::Resul
 
 impl Conv {
     /// `act(conv(cat(xs, 1)) + bias) (+ residual)`. On the CPU in f32 this is one pass
-    /// ([`crate::backend::cpu::conv`]): no concatenation, bias, activation or residual tensors in between.
+    /// ([`crate::backend::cpu_fused_conv2d`]): no concatenation, bias, activation or residual tensors in between.
     pub fn forward_cat(&self, xs: &[&Tensor], residual: Option<&Tensor>) -> candle_core::Result<Tensor> {
         let x0 = xs.first().ok_or_else(|| candle_core::Error::Msg("conv without input".into()))?;
         let (k, s) = (self.weight.dim(2)?, self.stride);
@@ -291,7 +291,7 @@ impl Conv {
             let y = crate::backend::profile::scope(
                 || format!("{} +bias+act (fused)", self.op_name(x0)),
                 || {
-                    crate::backend::cpu::conv::conv2d(
+                    crate::backend::cpu_fused_conv2d(
                         xs,
                         &self.weight,
                         self.packed.as_deref(),
@@ -313,7 +313,7 @@ impl Conv {
             let what =
                 || format!("{}{} (fused)", if self.act { "bias+silu" } else { "bias" }, if residual.is_some() { "+residual" } else { "" });
             return crate::backend::profile::scope(what, || {
-                crate::backend::cuda::epilogue::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc)
+                crate::backend::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc)
             });
         }
         let y = if xs.len() == 1 { self.forward_one(x0)? } else { self.forward_one(&self.lay.cat_c(xs)?)? };
@@ -623,7 +623,7 @@ impl CbLinear {
 pub fn cb_fuse(lay: Lay, picked: &[Tensor], last: &Tensor) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     if lay == Lay::Nhwc && last.device().is_cuda() {
-        return crate::backend::cuda::fuse::add_upsampled(last, picked);
+        return crate::backend::add_upsampled(last, picked);
     }
     let (_, h, w) = lay.chw(last)?;
     let mut acc = last.clone();

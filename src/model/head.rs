@@ -155,7 +155,7 @@ impl Detect {
     }
 
     /// The CUDA path of [`Self::forward`] on channels-last features: the branches, then one decode
-    /// kernel per level ([`crate::backend::cuda::head`]) and one concatenation of the levels' outputs.
+    /// kernel per level (`crate::backend::decode_level`) and one concatenation of the levels' outputs.
     #[cfg(feature = "cuda")]
     fn forward_fused(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
         let mut levels = Vec::with_capacity(feats.len());
@@ -165,7 +165,7 @@ impl Detect {
             let stride = (input_hw.0 / h.max(1)) as f32;
             levels.push(crate::backend::profile::scope(
                 || "head: DFL + decode (fused)".into(),
-                || crate::backend::cuda::head::decode_level(&bx, &cl, &self.proj_f32, stride),
+                || crate::backend::decode_level(&bx, &cl, &self.proj_f32, stride),
             )?);
         }
         crate::backend::profile::scope(|| "head: concat levels".into(), || Tensor::cat(&levels, 2))

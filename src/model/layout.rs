@@ -127,7 +127,7 @@ enum Pool {
 #[cfg(feature = "cuda")]
 fn pool_nhwc(x: &Tensor, kind: Pool, k: usize, s: usize, p: usize) -> candle_core::Result<Tensor> {
     if x.device().is_cuda() {
-        return crate::backend::cuda::pool::pool(x, matches!(kind, Pool::Max), k, s, p);
+        return crate::backend::pool_nhwc(x, matches!(kind, Pool::Max), k, s, p);
     }
     pool_nhwc_candle(x, kind, k, s, p)
 }

@@ -184,8 +184,8 @@ impl Plan {
         let dt = if key.f16 { sys::cudnnDataType_t::CUDNN_DATA_HALF } else { sys::cudnnDataType_t::CUDNN_DATA_FLOAT };
         let format = if key.nhwc { sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC } else { sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW };
         let x = TensorDesc(result::create_tensor_descriptor().map_err(|e| err("descriptor", e))?);
-        // SAFETY (this and the descriptor calls below): each descriptor was just created and is
-        // owned by its wrapper, which destroys it on drop; the dimensions are plain values.
+        // SAFETY: each descriptor here was just created and is owned by its wrapper, which
+        // destroys it on drop; the dimensions are plain values (so for the calls below too).
         unsafe { result::set_tensor4d_descriptor(x.0, format, dt, key.x) }.map_err(|e| err("input descriptor", e))?;
         let y = TensorDesc(result::create_tensor_descriptor().map_err(|e| err("descriptor", e))?);
         // SAFETY: as above, a live descriptor owned by `y`.
