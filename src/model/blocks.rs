@@ -174,19 +174,15 @@ impl Conv {
         }
         let (c_out, cin_g, k, _) = self.weight.dims4()?;
         let c_in = x.dim(1)?;
-        let y = if self.groups > 1
-            && self.groups == c_in
-            && cin_g == 1
-            && c_out == c_in
-            && self.stride == 1
-            && !crate::backend::cudnn_takes(x)
-        {
-            depthwise(x, &self.weight, k, self.padding)?
-        } else if self.groups == 1 && x.device().is_cpu() {
-            im2col_gemm(x, &self.weight, self.stride, self.padding)?
-        } else {
-            crate::backend::conv2d(x, &self.weight, self.padding, self.stride, self.groups)?
-        };
+        let y =
+            if self.groups > 1 && self.groups == c_in && cin_g == 1 && c_out == c_in && self.stride == 1 && !crate::backend::cudnn_takes(x)
+            {
+                depthwise(x, &self.weight, k, self.padding)?
+            } else if self.groups == 1 && x.device().is_cpu() {
+                im2col_gemm(x, &self.weight, self.stride, self.padding)?
+            } else {
+                crate::backend::conv2d(x, &self.weight, self.padding, self.stride, self.groups)?
+            };
         count_macs(&self.weight, &y);
         Ok(y)
     }
