@@ -128,9 +128,11 @@ fn load_safetensors(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsErro
 /// Most members a `.pt` archive may hold. torch.save writes one per tensor storage plus a
 /// few (the largest YOLOv9 checkpoint has about 1,500); the zip reader indexes every member.
 pub const MAX_MEMBERS: usize = 100_000;
-/// Largest `data.pkl` accepted (64 MiB, decompressed). The pickle of a YOLOv9 checkpoint is
-/// under 2 MiB; the pickle reader's work and memory grow with this size.
-pub const MAX_PICKLE_BYTES: u64 = 64 << 20;
+/// Largest `data.pkl` accepted (8 MiB, decompressed). The pickles of real YOLOv9 checkpoints
+/// are 330-370 KiB (t, s, gelan-t). The parse of a hostile pickle takes up to about 90 bytes of
+/// memory per pickle byte (a 16 MiB run of EMPTY_LIST opcodes: 1.5 GB), so this cap keeps the
+/// worst case under 1 GB.
+pub const MAX_PICKLE_BYTES: u64 = 8 << 20;
 /// Largest zip member read (4 GiB, decompressed): more than any tensor storage of a detection
 /// model.
 pub const MAX_MEMBER_BYTES: u64 = 4 << 30;

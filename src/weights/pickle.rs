@@ -14,15 +14,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
 
-/// Deepest container nesting accepted while parsing. A torch module tree nests about three
-/// levels per module (object, `__dict__`, `_modules`), i.e. < 100 for any real checkpoint;
-/// CPython's unpickler builds nothing deeper than its recursion limit (1000) can pickle.
+/// Deepest container nesting accepted while parsing. The pickles of real YOLOv9 checkpoints
+/// (ultralytics and official) nest 31 levels (module, `__dict__`, `_modules`, ... down to
+/// the tensors); CPython's own pickler stops near its recursion limit of 1000.
 pub const MAX_DEPTH: usize = 1000;
 /// Values a parse may create or copy per input byte. Every opcode creates at most one value;
 /// a BUILD that merges dicts, a `list(...)` call and the unpacking of call arguments copy, and
-/// are charged per item. Real checkpoints need about two values per byte; 16 bounds the work
-/// and memory of a parse to a few hundred bytes per input byte, whatever the input does.
-pub const VALUES_PER_BYTE: u64 = 16;
+/// are charged per item. Real checkpoints create 0.47 values per byte; 4 leaves 8x room and,
+/// with one allocation at most per opcode, bounds the work and memory of a parse to about a
+/// hundred bytes per input byte, whatever the input does.
+pub const VALUES_PER_BYTE: u64 = 4;
 /// Values any parse may create, on top of [`VALUES_PER_BYTE`] (for tiny pickles).
 pub const VALUES_FLOOR: u64 = 1 << 16;
 /// Largest tensor rank accepted: detection models use at most 5 dimensions.
@@ -61,31 +62,26 @@ pub struct Instance {
     pub state: RefCell<Value>,
 }
 
-/// A dict's items in insertion order, with an index on its string and integer keys (the only
-/// keys a checkpoint looks up), so that setting an item costs O(1).
+/// Dicts of more items than this index their keys; smaller ones are searched.
+const DICT_INDEX_FROM: usize = 16;
+
+/// A dict's items in insertion order. Past [`DICT_INDEX_FROM`] items it indexes its string and
+/// integer keys (the only keys a checkpoint looks up), so setting an item costs O(1).
 #[derive(Default)]
 pub struct Dict {
     entries: Vec<(Value, Value)>,
+    index: Option<Box<DictIndex>>,
+}
+
+#[derive(Default)]
+struct DictIndex {
     by_str: HashMap<Rc<str>, usize>,
     by_int: HashMap<i64, usize>,
 }
 
-impl Dict {
-    /// Sets `k` to `v`: replaces the value of an equal string or integer key, else appends.
-    pub fn insert(&mut self, k: Value, v: Value) {
-        let slot = match &k {
-            Value::Str(s) => self.by_str.get(s.as_ref()).copied(),
-            Value::Int(i) => self.by_int.get(i).copied(),
-            _ => None,
-        };
-        if let Some(i) = slot {
-            if let Some(e) = self.entries.get_mut(i) {
-                e.1 = v;
-                return;
-            }
-        }
-        let i = self.entries.len();
-        match &k {
+impl DictIndex {
+    fn add(&mut self, k: &Value, i: usize) {
+        match k {
             Value::Str(s) => {
                 self.by_str.insert(s.clone(), i);
             }
@@ -94,11 +90,54 @@ impl Dict {
             }
             _ => {}
         }
+    }
+}
+
+fn same_key(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Str(x), Value::Str(y)) => x == y,
+        (Value::Int(x), Value::Int(y)) => x == y,
+        _ => false,
+    }
+}
+
+impl Dict {
+    fn position(&self, k: &Value) -> Option<usize> {
+        match &self.index {
+            Some(ix) => match k {
+                Value::Str(s) => ix.by_str.get(s.as_ref()).copied(),
+                Value::Int(i) => ix.by_int.get(i).copied(),
+                _ => None,
+            },
+            None => self.entries.iter().position(|(e, _)| same_key(e, k)),
+        }
+    }
+    /// Sets `k` to `v`: replaces the value of an equal string or integer key, else appends.
+    pub fn insert(&mut self, k: Value, v: Value) {
+        if let Some(e) = self.position(&k).and_then(|i| self.entries.get_mut(i)) {
+            e.1 = v;
+            return;
+        }
+        let i = self.entries.len();
+        if let Some(ix) = &mut self.index {
+            ix.add(&k, i);
+        }
         self.entries.push((k, v));
+        if self.index.is_none() && self.entries.len() > DICT_INDEX_FROM {
+            let mut ix = DictIndex::default();
+            for (i, (k, _)) in self.entries.iter().enumerate() {
+                ix.add(k, i);
+            }
+            self.index = Some(Box::new(ix));
+        }
     }
     /// The value of a string key.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.by_str.get(key).and_then(|&i| self.entries.get(i)).map(|e| &e.1)
+        let i = match &self.index {
+            Some(ix) => ix.by_str.get(key).copied(),
+            None => self.entries.iter().position(|(k, _)| k.as_str() == Some(key)),
+        };
+        self.entries.get(i?).map(|e| &e.1)
     }
     /// Items in insertion order.
     pub fn entries(&self) -> &[(Value, Value)] {
@@ -189,8 +228,7 @@ impl Value {
             Value::Dict(d) => {
                 if let Some(d) = Rc::get_mut(d) {
                     let d = d.get_mut();
-                    d.by_str.clear();
-                    d.by_int.clear();
+                    d.index = None;
                     for (k, v) in d.entries.drain(..) {
                         out.push(k);
                         out.push(v);
@@ -300,8 +338,19 @@ pub enum PickleError {
 /// Parses a pickle stream into a value graph.
 pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
     let max_values = (data.len() as u64).saturating_mul(VALUES_PER_BYTE).saturating_add(VALUES_FLOOR);
-    Machine { data, pos: 0, stack: Vec::new(), marks: Vec::new(), memo: HashMap::new(), depths: HashMap::new(), values: 0, max_values }
-        .run()
+    Machine {
+        data,
+        pos: 0,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Vec::new(),
+        memo_far: HashMap::new(),
+        memo_count: 0,
+        depths: HashMap::new(),
+        values: 0,
+        max_values,
+    }
+    .run()
 }
 
 struct Machine<'a> {
@@ -309,9 +358,13 @@ struct Machine<'a> {
     pos: usize,
     stack: Vec<Value>,
     marks: Vec<usize>,
-    memo: HashMap<u64, Value>,
-    /// Nesting depth of each container built, by [`Value::identity`]. Every container made
-    /// here is registered when made (so a reused address gets a fresh entry).
+    /// Memo slots by key, for keys below the input length (Python writes 0, 1, 2, ...).
+    memo: Vec<Option<Value>>,
+    /// Memo entries of larger keys.
+    memo_far: HashMap<u64, Value>,
+    /// Memo entries set (the key MEMOIZE uses next).
+    memo_count: u64,
+    /// Nesting depth of each container built that holds containers, by [`Value::identity`].
     depths: HashMap<usize, usize>,
     /// Values created or copied so far, and the budget.
     values: u64,
@@ -330,8 +383,12 @@ impl<'a> Machine<'a> {
         }
         Ok(())
     }
+    /// 0 for a scalar, 1 for a container that holds no container, else as registered.
     fn depth(&self, v: &Value) -> usize {
-        v.identity().and_then(|a| self.depths.get(&a)).copied().unwrap_or(0)
+        match v.identity() {
+            None => 0,
+            Some(a) => self.depths.get(&a).copied().unwrap_or(1),
+        }
     }
     fn max_depth(&self, items: &[Value]) -> usize {
         items.iter().map(|v| self.depth(v)).max().unwrap_or(0)
@@ -342,8 +399,14 @@ impl<'a> Machine<'a> {
         if d > MAX_DEPTH {
             return Err(PickleError::TooDeep { pos: self.pos, limit: MAX_DEPTH });
         }
+        // only nested containers are registered (most are flat); an entry left by a freed
+        // container at the same address is replaced or removed
         if let Some(a) = v.identity() {
-            self.depths.insert(a, d);
+            if d > 1 {
+                self.depths.insert(a, d);
+            } else {
+                self.depths.remove(&a);
+            }
         }
         Ok(v)
     }
@@ -353,8 +416,8 @@ impl<'a> Machine<'a> {
         if d > MAX_DEPTH {
             return Err(PickleError::TooDeep { pos: self.pos, limit: MAX_DEPTH });
         }
-        if let Some(a) = container.identity() {
-            let e = self.depths.entry(a).or_insert(0);
+        if let (true, Some(a)) = (d > 1, container.identity()) {
+            let e = self.depths.entry(a).or_insert(1);
             *e = (*e).max(d);
         }
         Ok(())
@@ -434,14 +497,24 @@ impl<'a> Machine<'a> {
         }
     }
     fn memo_get(&self, k: u64) -> Result<Value, PickleError> {
-        match self.memo.get(&k) {
+        let near = usize::try_from(k).ok().and_then(|i| self.memo.get(i)).and_then(Option::as_ref);
+        match near.or_else(|| self.memo_far.get(&k)) {
             Some(v) => Ok(v.clone()),
             None => self.bad(format!("memo key {k} missing")),
         }
     }
     fn memo_put(&mut self, k: u64) -> Result<(), PickleError> {
         let v = self.top()?;
-        self.memo.insert(k, v);
+        let new = match usize::try_from(k) {
+            Ok(i) if i < self.data.len() => {
+                if i >= self.memo.len() {
+                    self.memo.resize_with(i + 1, || None);
+                }
+                self.memo.get_mut(i).and_then(|slot| slot.replace(v)).is_none()
+            }
+            _ => self.memo_far.insert(k, v).is_none(),
+        };
+        self.memo_count += new as u64;
         Ok(())
     }
     fn bytes(&mut self, n: u64) -> Result<Value, PickleError> {
@@ -718,8 +791,7 @@ impl<'a> Machine<'a> {
                     self.memo_put(k)?;
                 }
                 0x94 => {
-                    let k = self.memo.len() as u64;
-                    self.memo_put(k)?;
+                    self.memo_put(self.memo_count)?;
                 } // MEMOIZE
                 _ => return Err(PickleError::Opcode(op, at)),
             }
