@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use image::ImageEncoder;
-use yolo_edge::agent::messages::{Detections, EventBody, ImageName, Info, Status, Telemetry};
+use yolo_edge::agent::messages::{Detections, EventBody, FrameImage, ImageName, Info, Status, Telemetry};
 
 const T: Duration = Duration::from_secs(300);
 
@@ -460,6 +460,67 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     drop_images(&conf.input, 10, 1, &good);
     wait_until(T, "agent keeps running", || col.detections().len() >= 4);
     wait_until(T, "telemetry counts failures", || col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().frames.failed >= 7));
+    assert!(agent.alive());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
+}
+
+/// Publishes `jpeg` on `topic` with MQTT 5 user properties through Mosquitto's own client.
+fn publish_v5(port: u16, topic: &str, jpeg: &std::path::Path, props: &[(&str, &str)]) {
+    let mut cmd = std::process::Command::new("mosquitto_pub");
+    cmd.args(["-V", "mqttv5", "-h", "127.0.0.1", "-q", "1", "-p", &port.to_string(), "-t", topic, "-f"]).arg(jpeg);
+    for (k, v) in props {
+        cmd.args(["-D", "publish", "user-property", k, v]);
+    }
+    let out = cmd.output().expect("mosquitto_pub (package mosquitto-clients)");
+    assert!(out.status.success(), "mosquitto_pub: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Source ids from outside become topic levels: an id of 70,000 bytes (which would make a topic
+/// the broker refuses, and the uplink would retry it forever) and ids with spaces or MQTT
+/// wildcards are refused at intake with an event each, never rewritten; a normal picture sent
+/// right after them is published within seconds.
+#[test]
+fn mqtt_source_ids_from_outside_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.mqtt_extra = "protocol = \"v5\"\n".into();
+    conf.extra = "[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n".into();
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
+    let jpeg = tmp.path().join("door.jpg");
+    std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
+    let long = "x".repeat(70_000);
+    publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("source", &long)]);
+    publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("source", "front door")]);
+    publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("source", "a+#")]);
+    publish_v5(broker.port, "cameras/side gate/jpeg", &jpeg, &[]);
+    let t0 = Instant::now();
+    publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("image_id", "frame-1")]);
+    wait_until(Duration::from_secs(20), "the normal picture published", || {
+        col.detections().iter().any(|m| m.topic.ends_with("/detections/door"))
+    });
+    let published_s = t0.elapsed().as_secs_f64();
+    wait_until(T, "four input_rejected events", || col.events("input_rejected").len() >= 4);
+    let rej = col.events("input_rejected");
+    assert_eq!(rej.len(), 4, "{rej:?}");
+    for e in &rej {
+        let EventBody::InputRejected { source, reason, .. } = e else { unreachable!() };
+        assert!(source.is_none() && reason.starts_with("source id") && reason.len() < 300, "{e:?}");
+    }
+    let dets = col.detections();
+    assert_eq!(dets.len(), 1, "only the normal picture is published");
+    let image = dets[0].parse::<Detections>().image;
+    assert!(dets[0].topic.len() < 100 && matches!(&image, FrameImage::Id { id, .. } if id == "frame-1"), "{} {image:?}", dets[0].topic);
+    eprintln!("normal picture published {published_s:.2} s after it was sent, behind four refused ones");
+    wait_until(T, "telemetry counts the refused ones", || {
+        col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().frames.failed >= 4)
+    });
     assert!(agent.alive());
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));

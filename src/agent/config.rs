@@ -600,8 +600,14 @@ impl Config {
         if q.host.trim().is_empty() {
             return Err(invalid("mqtt.host", "must not be empty".into()));
         }
-        if !q.prefix.split('/').all(valid_level) {
-            return Err(invalid("mqtt.prefix", format!("`{}` is not a valid topic prefix", q.prefix)));
+        if q.prefix.len() > 256 || !q.prefix.split('/').all(valid_level) {
+            return Err(invalid(
+                "mqtt.prefix",
+                format!(
+                    "`{}` is not a valid topic prefix (levels of 1 to 128 bytes without + # or whitespace, 256 bytes in all)",
+                    q.prefix
+                ),
+            ));
         }
         if q.password.is_some() && q.password_file.is_some() {
             return Err(invalid("mqtt.password_file", "set either password or password_file, not both".into()));
@@ -828,6 +834,13 @@ path = "/in"
         assert_eq!(keep.release_idle, None);
         let e = err(&format!("{MIN}\n[oom]\nrelease_idle_s = -1\n"));
         assert!(e.contains("`oom.release_idle_s`") && e.contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn topic_prefix_is_bounded() {
+        let long = "p/".repeat(129) + "p";
+        let e = err(&MIN.replace("device_id = \"box-1\"", &format!("device_id = \"box-1\"\nprefix = \"{long}\"")));
+        assert!(e.contains("`mqtt.prefix`") && e.contains("256 bytes in all"), "{e}");
     }
 
     #[test]

@@ -688,7 +688,8 @@ pub enum EventBody {
     },
     /// A picture was not processed (also counted in telemetry's `frames.inputs_rejected`).
     InputRejected {
-        /// The source id (absent when the intake was full: then `topic` names the message).
+        /// The source id (absent when the intake was full or the message's source id was refused:
+        /// then `topic` names the message).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         source: Option<String>,
         /// The picture (absent when the intake was full).

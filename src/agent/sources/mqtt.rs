@@ -35,16 +35,34 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     t.next().is_none()
 }
 
-fn source_id(src: &MqttSource, m: &Incoming) -> String {
+/// The source id of a message: the configured id, else the user property `source`, else the
+/// topic level `id_level` (0: the whole topic, `/` written as `_`). An id from the message is
+/// checked ([`super::check_source_id`]); one that fails is an error, never rewritten.
+fn source_id(src: &MqttSource, m: &Incoming) -> Result<String, String> {
     if let Some(id) = &src.id {
-        return id.clone();
+        return Ok(id.clone());
     }
-    if let Some((_, v)) = m.properties.iter().find(|(k, _)| k == "source") {
-        return super::topic_level(v);
-    }
-    match m.topic.split('/').nth(src.id_level.wrapping_sub(1)) {
-        Some(l) if src.id_level > 0 => super::topic_level(l),
-        _ => super::topic_level(&m.topic.replace('/', "_")),
+    let id = if let Some((_, v)) = m.properties.iter().find(|(k, _)| k == "source") {
+        v.clone()
+    } else {
+        match m.topic.split('/').nth(src.id_level.wrapping_sub(1)) {
+            Some(l) if src.id_level > 0 => l.to_string(),
+            _ => m.topic.replace('/', "_"),
+        }
+    };
+    super::check_source_id(&id)?;
+    Ok(id)
+}
+
+/// The picture id of a message: the user property `image_id` (at most
+/// [`super::MAX_IMAGE_ID`] bytes), else `{topic}#{n}`.
+fn image_id(m: &Incoming, n: u64) -> Result<String, String> {
+    match m.properties.iter().find(|(k, _)| k == "image_id") {
+        Some((_, v)) if v.len() > super::MAX_IMAGE_ID => {
+            Err(format!("image_id of {} bytes is longer than {} bytes", v.len(), super::MAX_IMAGE_ID))
+        }
+        Some((_, v)) => Ok(v.clone()),
+        None => Ok(format!("{}#{n}", m.topic)),
     }
 }
 
@@ -64,10 +82,18 @@ pub async fn run(
             _ = stop.changed() => return,
         };
         let Some(src) = sources.iter().find(|s| matches(&s.filter, &m.topic)) else { continue };
-        let id = source_id(src, &m);
         let n = counter.fetch_add(1, Relaxed);
-        let image_id =
-            m.properties.iter().find(|(k, _)| k == "image_id").map(|(_, v)| v.clone()).unwrap_or_else(|| format!("{}#{n}", m.topic));
+        let (id, image_id) = match (source_id(src, &m), image_id(&m, n)) {
+            (Ok(id), Ok(image)) => (id, image),
+            (Err(reason), _) | (_, Err(reason)) => {
+                stats.inputs_rejected.fetch_add(1, Relaxed);
+                stats.frames_failed.fetch_add(1, Relaxed);
+                // the topic names the message (MQTT bounds it; a long one is left out of the event)
+                let topic = (m.topic.len() <= 256).then(|| m.topic.clone());
+                events.emit(EventBody::InputRejected { source: None, image: None, topic, stage: InputStage::Intake, reason });
+                continue;
+            }
+        };
         if m.payload.is_empty() {
             stats.inputs_rejected.fetch_add(1, Relaxed);
             stats.frames_failed.fetch_add(1, Relaxed);
@@ -105,6 +131,33 @@ mod tests {
         assert!(!matches("cams/a", "cams/a/b"));
         let src = MqttSource { id: None, filter: "cams/+/jpeg".into(), id_level: 2 };
         let m = Incoming { topic: "cams/door/jpeg".into(), payload: vec![], properties: vec![] };
-        assert_eq!(source_id(&src, &m), "door");
+        assert_eq!(source_id(&src, &m).unwrap(), "door");
+    }
+
+    #[test]
+    fn ids_from_outside_are_checked_not_rewritten() {
+        let src = MqttSource { id: None, filter: "cams/+/jpeg".into(), id_level: 2 };
+        let msg = |topic: &str, props: &[(&str, &str)]| Incoming {
+            topic: topic.into(),
+            payload: vec![],
+            properties: props.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        assert!(source_id(&src, &msg("cams/front door/jpeg", &[])).unwrap_err().contains("' '"));
+        let long = "x".repeat(70_000);
+        let e = source_id(&src, &msg("cams/a/jpeg", &[("source", &long)])).unwrap_err();
+        assert!(e.contains("70000 bytes") && e.len() < 200, "{e}");
+        assert!(source_id(&src, &msg("cams/a/jpeg", &[("source", "a+b")])).is_err());
+        assert!(source_id(&src, &msg("cams/a/jpeg", &[("source", "")])).is_err());
+        assert_eq!(source_id(&src, &msg("cams/a/jpeg", &[("source", "gate-2.east:7@site")])).unwrap(), "gate-2.east:7@site");
+        let x128 = "x".repeat(128);
+        assert_eq!(source_id(&src, &msg("cams/a/jpeg", &[("source", &x128)])).unwrap(), x128);
+        assert!(source_id(&src, &msg("cams/a/jpeg", &[("source", &"x".repeat(129))])).is_err());
+        let whole = MqttSource { id: None, filter: "#".into(), id_level: 0 };
+        assert_eq!(source_id(&whole, &msg("site/cam1/jpeg", &[])).unwrap(), "site_cam1_jpeg");
+        let configured = MqttSource { id: Some("door".into()), ..whole };
+        assert_eq!(source_id(&configured, &msg("a b", &[("source", "a b")])).unwrap(), "door");
+        assert!(image_id(&msg("t", &[("image_id", &"i".repeat(1025))]), 0).is_err());
+        assert_eq!(image_id(&msg("t", &[("image_id", "frame-7")]), 0).unwrap(), "frame-7");
+        assert_eq!(image_id(&msg("t", &[]), 3).unwrap(), "t#3");
     }
 }
