@@ -276,6 +276,15 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     assert_eq!(running_sha256.len(), 64);
     assert!(err.contains("agent.toml:") && err.contains("model.conf") && err.contains("out of range"), "{err}");
     assert!(agent.alive());
+    // the same content is judged once: reads of the file, and writing the same bytes again, wake
+    // the watcher but bring no second event over the next 10 s
+    let bad = good.replace("conf = 0.6", "conf = 7.5");
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_secs(2));
+        let _ = std::fs::read(&cfg).unwrap();
+        write_atomic(&cfg, &bad);
+    }
+    assert_eq!(col.events("config_rejected").len(), 1, "a rejected config was judged again");
 
     // model swap while images flow: no frame dropped
     let names = drop_images(&conf.input, 0, 300, &small_jpeg("horses.jpg", 96));
@@ -296,6 +305,8 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     wait_until(T, "second config_rejected", || col.events("config_rejected").len() >= 2);
     drop_images(&conf.input, 300, 5, &small_jpeg("horses.jpg", 96));
     wait_until(T, "agent still detects", || col.detections().len() >= 305);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(col.events("config_rejected").len(), 2, "the rejected model edit was retried");
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
     let kinds = col.assert_all_typed();

@@ -541,6 +541,11 @@ impl Config {
     }
 
     /// Validates `text` as the content of `path`.
+    /// The sha256 of a config file's bytes, as [`Config::sha256`] holds it (hex).
+    pub fn content_sha256(bytes: &[u8]) -> String {
+        format!("{:x}", Sha256::digest(bytes))
+    }
+
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let de = toml::Deserializer::new(text);
         let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
@@ -704,7 +709,7 @@ impl Config {
 
         Ok(Config {
             path: path.to_path_buf(),
-            sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
+            sha256: Self::content_sha256(text.as_bytes()),
             device,
             model,
             mqtt,

@@ -347,6 +347,14 @@ async fn watch_config(
             return;
         }
     };
+    // the content last rejected: file-system events (the watcher's own reads among them) wake
+    // this loop again and again, but the same content is judged once, until the file changes
+    let mut rejected: Option<String> = None;
+    let reject = |rejected: &mut Option<String>, sha: &str, error: String, running_sha256: String| {
+        *rejected = Some(sha.to_string());
+        stats.config_rejected.fetch_add(1, Relaxed);
+        events.emit(EventBody::ConfigRejected { path: path.to_string_lossy().into_owned(), error, running_sha256 });
+    };
     loop {
         tokio::select! {
             r = rx.recv() => if r.is_none() { return },
@@ -363,19 +371,18 @@ async fn watch_config(
                 continue;
             }
         };
+        let sha = Config::content_sha256(&text);
+        if sha == old.sha256 || rejected.as_deref() == Some(sha.as_str()) {
+            continue;
+        }
         let new =
             match std::str::from_utf8(&text).map_err(|e| e.to_string()).and_then(|t| Config::parse(t, &path).map_err(|e| e.to_string())) {
                 Ok(c) => c,
                 Err(e) => {
-                    stats.config_rejected.fetch_add(1, Relaxed);
-                    let running_sha256 = old.sha256.clone();
-                    events.emit(EventBody::ConfigRejected { path: path.to_string_lossy().into_owned(), error: e, running_sha256 });
+                    reject(&mut rejected, &sha, e, old.sha256.clone());
                     continue;
                 }
             };
-        if new.sha256 == old.sha256 {
-            continue;
-        }
         let restart = old.restart_required(&new);
         let mut applied = new.clone();
         applied.device = old.device.clone();
@@ -399,21 +406,18 @@ async fn watch_config(
                     }
                 }
                 Ok(Err(e)) => {
-                    stats.config_rejected.fetch_add(1, Relaxed);
-                    events.emit(EventBody::ConfigRejected {
-                        path: path.to_string_lossy().into_owned(),
-                        error: e.to_string(),
-                        running_sha256: old.sha256.clone(),
-                    });
+                    reject(&mut rejected, &sha, e.to_string(), old.sha256.clone());
                     continue;
                 }
                 Err(e) => {
-                    tracing::error!("model loader failed: {e}");
+                    // the loader panicked (or was cancelled): the running model stays
+                    reject(&mut rejected, &sha, format!("model loader failed: {e}"), old.sha256.clone());
                     continue;
                 }
             }
         }
         let changed = changed_sections(&old, &applied);
+        rejected = None;
         stats.config_applied.fetch_add(1, Relaxed);
         let sha = applied.sha256.clone();
         cfg_tx.send_replace(Arc::new(applied));
