@@ -533,19 +533,49 @@ pub struct SpoolConfig {
     pub max_bytes: u64,
 }
 
+/// Largest config file read (bytes); real ones are a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Largest password, certificate or key file read (bytes); a PEM chain is a few KiB.
+pub const MAX_SECRET_FILE_BYTES: u64 = 1 << 20;
+
+/// Reads a file the config names, which must be a regular file (a path to `/dev/zero` or a FIFO
+/// would never end) of at most `max` bytes.
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    if meta.len() > max {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} bytes, more than the {max} allowed", meta.len())));
+    }
+    let mut out = Vec::with_capacity(meta.len() as usize);
+    // the file may grow after the look at its size
+    f.take(max + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("more than the {max} bytes allowed")));
+    }
+    Ok(out)
+}
+
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let bytes = read_bounded(path, MAX_CONFIG_BYTES).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = String::from_utf8(bytes).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+        })?;
         Self::parse(&text, path)
     }
 
-    /// Validates `text` as the content of `path`.
     /// The sha256 of a config file's bytes, as [`Config::sha256`] holds it (hex).
     pub fn content_sha256(bytes: &[u8]) -> String {
         format!("{:x}", Sha256::digest(bytes))
     }
 
+    /// Validates `text` as the content of `path`.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let de = toml::Deserializer::new(text);
         let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
@@ -627,8 +657,9 @@ impl Config {
             (Some(p), _) => Some(p.clone()),
             (None, Some(f)) => {
                 let f = resolve(f);
-                let p =
-                    std::fs::read_to_string(&f).map_err(|e| invalid("mqtt.password_file", format!("cannot read {}: {e}", f.display())))?;
+                let p = read_bounded(&f, MAX_SECRET_FILE_BYTES)
+                    .and_then(|b| String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error())))
+                    .map_err(|e| invalid("mqtt.password_file", format!("cannot read {}: {e}", f.display())))?;
                 Some(p.trim_end_matches(['\n', '\r']).to_string())
             }
             (None, None) => None,
@@ -638,7 +669,7 @@ impl Config {
             Some(t) => {
                 let read = |key: &str, p: &Path| {
                     let p = resolve(p);
-                    std::fs::read(&p).map_err(|e| invalid(key, format!("cannot read {}: {e}", p.display())))
+                    read_bounded(&p, MAX_SECRET_FILE_BYTES).map_err(|e| invalid(key, format!("cannot read {}: {e}", p.display())))
                 };
                 let ca = read("mqtt.tls.ca", &t.ca)?;
                 let client_auth = match (&t.client_cert, &t.client_key) {
@@ -839,6 +870,26 @@ path = "/in"
         assert_eq!(keep.release_idle, None);
         let e = err(&format!("{MIN}\n[oom]\nrelease_idle_s = -1\n"));
         assert!(e.contains("`oom.release_idle_s`") && e.contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn files_named_in_the_config_are_bounded_and_regular() {
+        assert_eq!(read_bounded(Path::new("/dev/zero"), 10).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'x'; 2000]).unwrap();
+        assert!(read_bounded(&big, 1000).unwrap_err().to_string().contains("2000 bytes"));
+        assert_eq!(read_bounded(&big, 2000).unwrap().len(), 2000);
+        let secret = dir.path().join("pw");
+        std::fs::write(&secret, vec![b'x'; (MAX_SECRET_FILE_BYTES + 1) as usize]).unwrap();
+        let text = MIN.replace(
+            "device_id = \"box-1\"",
+            &format!("device_id = \"box-1\"\nusername = \"u\"\npassword_file = \"{}\"", secret.display()),
+        );
+        let e = err(&text);
+        assert!(e.contains("`mqtt.password_file`") && e.contains("allowed"), "{e}");
+        let e = err(&MIN.replace("device_id = \"box-1\"", "device_id = \"box-1\"\nusername = \"u\"\npassword_file = \"/dev/zero\""));
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]

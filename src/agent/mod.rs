@@ -364,7 +364,7 @@ async fn watch_config(
         tokio::time::sleep(Duration::from_millis(150)).await;
         while rx.try_recv().is_ok() {}
         let old = cfg_tx.borrow().clone();
-        let text = match std::fs::read(&path) {
+        let text = match config::read_bounded(&path, config::MAX_CONFIG_BYTES) {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!("config file unreadable ({e}); keeping the running config");
