@@ -34,6 +34,10 @@ pub struct Spool {
 
 const EXT: &str = "msg";
 
+/// The largest message id taken from a spool file's name (2^53: at a million messages a second,
+/// 285 years of them).
+const MAX_ID: u64 = 1 << 53;
+
 impl Spool {
     /// Opens (creating) the spool folder and indexes what a previous run left there.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, SpoolError> {
@@ -50,7 +54,9 @@ impl Spool {
                 let _ = fs::remove_file(&p);
                 continue;
             }
-            if let Some(id) = name.strip_suffix(&format!(".{EXT}")).and_then(|s| s.parse::<u64>().ok()) {
+            // ids count up from 1 by one per message: one past MAX_ID is not a file this spool
+            // wrote, and taking it would leave no room to count on
+            if let Some(id) = name.strip_suffix(&format!(".{EXT}")).and_then(|s| s.parse::<u64>().ok()).filter(|&id| id <= MAX_ID) {
                 let len = e.metadata().map_err(io)?.len();
                 entries.insert(id, len);
                 bytes += len;
@@ -143,6 +149,15 @@ impl Spool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_named_past_the_largest_id_is_left_alone() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(format!("{}.{EXT}", u64::MAX)), b"x").unwrap();
+        std::fs::write(d.path().join(format!("{}.{EXT}", MAX_ID + 1)), b"x").unwrap();
+        let mut s = Spool::open(d.path(), 1 << 20).unwrap();
+        assert_eq!(s.append("t/a", b"m").unwrap(), 1);
+    }
 
     #[test]
     fn append_replay_rewind_and_reopen() {
