@@ -538,6 +538,53 @@ fn mqtt_source_ids_from_outside_are_checked() {
     col.assert_all_typed();
 }
 
+/// The agent's peak resident set so far (kB), from /proc.
+fn vm_hwm_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap()
+}
+
+/// The MQTT client accepts packets up to `input.max_bytes` (with room for topic and properties),
+/// and says so to an MQTT 5 broker: a payload of twice `max_bytes` is never delivered to the
+/// agent, its memory does not grow by it, and a normal picture after it is detected.
+#[test]
+fn mqtt_payloads_over_max_bytes_never_reach_the_agent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.mqtt_extra = "protocol = \"v5\"\n".into();
+    let max_bytes = 2_000_000;
+    conf.extra =
+        format!("[input]\nmax_bytes = {max_bytes}\n\n[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n");
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
+    let jpeg = tmp.path().join("door.jpg");
+    std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
+    for i in 0..3 {
+        publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("image_id", &format!("warm-{i}"))]);
+    }
+    wait_until(T, "warm-up pictures detected", || col.detections().len() >= 3);
+    let before = vm_hwm_kb(agent.child.id());
+    let big = tmp.path().join("big.bin");
+    std::fs::write(&big, vec![0xffu8; 2 * max_bytes]).unwrap();
+    publish_v5(broker.port, "cameras/door/jpeg", &big, &[("image_id", "big")]);
+    publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("image_id", "after")]);
+    wait_until(T, "the picture after the big one detected", || col.detections().len() >= 4);
+    let after = vm_hwm_kb(agent.child.id());
+    eprintln!("agent VmHWM {before} kB -> {after} kB around a {} kB payload", 2 * max_bytes / 1000);
+    assert!((after - before) * 1000 < max_bytes as u64, "peak memory grew by {} kB", after - before);
+    let dets = col.detections();
+    assert_eq!(dets.len(), 4, "the big payload was delivered");
+    assert!(col.events("input_rejected").is_empty(), "the big payload reached the agent");
+    assert!(agent.alive());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
+}
+
 #[test]
 fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     let tmp = tempfile::tempdir().unwrap();

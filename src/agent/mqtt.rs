@@ -100,9 +100,22 @@ fn transport(cfg: &MqttConfig) -> Transport {
     }
 }
 
+/// Largest packet the agent publishes: detections, telemetry, info and events are kilobytes.
+const MAX_OUTGOING_PACKET: usize = 16 << 20;
+/// Room for the topic and properties of an incoming image beside its payload.
+const INCOMING_OVERHEAD: usize = 64 << 10;
+
+/// The largest packet accepted from the broker: an image of `input.max_bytes` with its topic and
+/// properties. On MQTT 5 the broker is told (CONNECT's Maximum Packet Size) and does not send
+/// larger ones; on 3.1.1 a larger packet ends the connection, which is then made again.
+pub fn max_incoming_packet(input_max_bytes: u64) -> usize {
+    usize::try_from(input_max_bytes).unwrap_or(usize::MAX).saturating_add(INCOMING_OVERHEAD)
+}
+
 /// Starts one connection attempt: the returned client queues requests (`cap` deep); the event
-/// loop runs in a task until the connection ends, sending `(gen, event)` to `events`.
-pub fn connect(cfg: &MqttConfig, cap: usize, gen: u64, events: mpsc::Sender<(u64, ConnEvent)>) -> Client {
+/// loop runs in a task until the connection ends, sending `(gen, event)` to `events`. Packets
+/// from the broker are accepted up to `max_incoming` bytes ([`max_incoming_packet`]).
+pub fn connect(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, events: mpsc::Sender<(u64, ConnEvent)>) -> Client {
     let status = cfg.topic("status");
     let inflight = cfg.max_inflight.clamp(1, u16::MAX as usize - 1) as u16;
     match cfg.protocol {
@@ -111,7 +124,7 @@ pub fn connect(cfg: &MqttConfig, cap: usize, gen: u64, events: mpsc::Sender<(u64
             o.set_keep_alive(cfg.keepalive)
                 .set_clean_session(true)
                 .set_inflight(inflight)
-                .set_max_packet_size(256 << 20, 256 << 20)
+                .set_max_packet_size(max_incoming, MAX_OUTGOING_PACKET)
                 .set_last_will(rumqttc::LastWill::new(status, Status::Offline.as_payload(), QoS::AtLeastOnce, true))
                 .set_transport(transport(cfg));
             if let Some(u) = &cfg.username {
@@ -127,7 +140,7 @@ pub fn connect(cfg: &MqttConfig, cap: usize, gen: u64, events: mpsc::Sender<(u64
             o.set_keep_alive(cfg.keepalive)
                 .set_clean_start(true)
                 .set_outgoing_inflight_upper_limit(inflight)
-                .set_max_packet_size(Some(256 << 20))
+                .set_max_packet_size(Some(u32::try_from(max_incoming).unwrap_or(u32::MAX)))
                 .set_last_will(LastWill::new(status, Status::Offline.as_payload(), rumqttc::v5::mqttbytes::QoS::AtLeastOnce, true, None))
                 .set_transport(transport(cfg));
             if let Some(u) = &cfg.username {

@@ -210,7 +210,8 @@ impl Publisher {
         self.reconnect_at = None;
         let cap = self.max_inflight() * 2 + 64;
         tracing::info!(host = %self.cfg.mqtt.host, port = self.cfg.mqtt.port, protocol = %self.cfg.mqtt.protocol, "connecting to MQTT broker");
-        self.client = Some(mqtt::connect(&self.cfg.mqtt, cap, self.gen, self.conn_tx.clone()));
+        let max_incoming = mqtt::max_incoming_packet(self.cfg.input.max_bytes);
+        self.client = Some(mqtt::connect(&self.cfg.mqtt, max_incoming, cap, self.gen, self.conn_tx.clone()));
     }
 
     /// The connection is gone: unacknowledged detections go to the spool (in order, after
