@@ -307,6 +307,22 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     wait_until(T, "agent still detects", || col.detections().len() >= 305);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(col.events("config_rejected").len(), 2, "the rejected model edit was retried");
+    // a model whose file does not have the configured sha256 is rejected before it is parsed;
+    // with the right digest the same edit is applied
+    let digest = {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(std::fs::read(&m1).unwrap()))
+    };
+    let with_sha = |sha: &str| conf.toml().replace("m2.pt\"", &format!("m1.pt\"\nsha256 = \"{sha}\""));
+    write_atomic(&cfg, &with_sha(&"0".repeat(64)));
+    wait_until(T, "third config_rejected", || col.events("config_rejected").len() >= 3);
+    let EventBody::ConfigRejected { error, .. } = &col.events("config_rejected")[2] else { unreachable!() };
+    assert!(error.contains("sha256") && error.contains("m1.pt"), "{error}");
+    drop_images(&conf.input, 305, 5, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "old model still detects", || col.detections().len() >= 310);
+    write_atomic(&cfg, &with_sha(&digest.to_uppercase()));
+    wait_until(T, "model_reloaded with the right digest", || col.events("model_reloaded").len() >= 2);
+    assert!(matches!(&col.events("model_reloaded")[1], EventBody::ModelReloaded { path, .. } if path.ends_with("m1.pt")));
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
     let kinds = col.assert_all_typed();

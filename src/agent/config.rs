@@ -92,6 +92,8 @@ impl Default for RawDevice {
 #[serde(deny_unknown_fields)]
 struct RawModel {
     path: PathBuf,
+    #[serde(default)]
+    sha256: Option<String>,
     #[serde(default = "d_conf")]
     conf: Fraction,
     #[serde(default = "d_iou")]
@@ -476,6 +478,9 @@ pub struct DeviceConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub path: PathBuf,
+    /// The digest the model file must have (lowercase hex), checked before it is parsed: a
+    /// partial copy or a swapped file is rejected, never loaded.
+    pub sha256: Option<String>,
     pub thresholds: Thresholds,
 }
 
@@ -626,8 +631,14 @@ impl Config {
         }
 
         let m = raw.model;
+        let sha256 = match m.sha256 {
+            Some(h) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) => Some(h.to_ascii_lowercase()),
+            Some(_) => return Err(invalid("model.sha256", "must be 64 hex digits (`sha256sum` of the model file)".into())),
+            None => None,
+        };
         let model = ModelConfig {
             path: resolve(&m.path),
+            sha256,
             thresholds: Thresholds { conf: m.conf.0 as f32, iou: m.iou.0 as f32, max_det: m.max_det.0 as usize },
         };
 
@@ -890,6 +901,17 @@ path = "/in"
         assert!(e.contains("`mqtt.password_file`") && e.contains("allowed"), "{e}");
         let e = err(&MIN.replace("device_id = \"box-1\"", "device_id = \"box-1\"\nusername = \"u\"\npassword_file = \"/dev/zero\""));
         assert!(e.contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn model_sha256_is_64_hex_digits() {
+        let ok = Config::parse(
+            &MIN.replace("path = \"m.pt\"", &format!("path = \"m.pt\"\nsha256 = \"{}\"", "AB".repeat(32))),
+            Path::new("/a.toml"),
+        );
+        assert_eq!(ok.unwrap().model.sha256, Some("ab".repeat(32)));
+        let e = err(&MIN.replace("path = \"m.pt\"", "path = \"m.pt\"\nsha256 = \"abc\""));
+        assert!(e.contains("`model.sha256`") && e.contains("64 hex digits"), "{e}");
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub enum AgentError {
     Tuning(#[from] crate::backend::tuning::TuningError),
     #[error("cannot load model {path}: {source}")]
     Model { path: PathBuf, source: crate::model::ModelError },
+    #[error("cannot read model {path}: {source}")]
+    ModelRead { path: PathBuf, source: std::io::Error },
+    #[error("model {path} has sha256 {got}, the config says {want}: not loaded (a partial copy or another file)")]
+    ModelDigest { path: PathBuf, want: String, got: String },
     #[error(transparent)]
     Spool(#[from] SpoolError),
     #[error("cannot plan the batch size: {0}")]
@@ -113,7 +117,22 @@ pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, Agen
     Ok(decision)
 }
 
+/// The sha256 of a file (lowercase hex), read in blocks.
+fn file_sha256(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut h)?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
 fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector, AgentError> {
+    if let Some(want) = &cfg.model.sha256 {
+        let path = cfg.model.path.clone();
+        let got = file_sha256(&path).map_err(|source| AgentError::ModelRead { path: path.clone(), source })?;
+        if &got != want {
+            return Err(AgentError::ModelDigest { path, want: want.clone(), got });
+        }
+    }
     Detector::load(&cfg.model.path, device, dtype, Some(cfg.device.imgsz))
         .map_err(|source| AgentError::Model { path: cfg.model.path.clone(), source })
 }
@@ -392,7 +411,7 @@ async fn watch_config(
         applied.inject_oom = old.inject_oom;
         applied.mqtt.device_id = old.mqtt.device_id.clone();
         applied.mqtt.prefix = old.mqtt.prefix.clone();
-        if applied.model.path != old.model.path {
+        if applied.model.path != old.model.path || applied.model.sha256 != old.model.sha256 {
             let (c, d) = (applied.clone(), device.clone());
             let loaded = tokio::task::spawn_blocking(move || load_detector(&c, &d, dtype)).await;
             match loaded {
@@ -437,6 +456,9 @@ fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
     }
     if a.model.path != b.model.path {
         v.push("model.path");
+    }
+    if a.model.sha256 != b.model.sha256 {
+        v.push("model.sha256");
     }
     if a.mqtt != b.mqtt {
         v.push("mqtt");

@@ -111,7 +111,10 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         if cause.is::<device::DeviceError>() {
             return exit::DEVICE;
         }
-        if cause.is::<model::ModelError>() || cause.is::<weights::WeightsError>() {
+        let model_file = cause.downcast_ref::<yolo_edge::agent::AgentError>().is_some_and(|e| {
+            matches!(e, yolo_edge::agent::AgentError::ModelRead { .. } | yolo_edge::agent::AgentError::ModelDigest { .. })
+        });
+        if model_file || cause.is::<model::ModelError>() || cause.is::<weights::WeightsError>() {
             return exit::MODEL;
         }
     }
@@ -121,6 +124,12 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_file_that_does_not_match_its_digest_exits_as_a_model_error() {
+        let e = yolo_edge::agent::AgentError::ModelDigest { path: "m.pt".into(), want: "a".repeat(64), got: "b".repeat(64) };
+        assert_eq!(exit_code_for(&anyhow::Error::new(e).context("starting the agent")), exit::MODEL);
+    }
 
     #[test]
     fn demo_logs_quietly_and_never_from_the_embedded_broker() {
