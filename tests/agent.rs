@@ -493,6 +493,22 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     col.assert_all_typed();
 }
 
+/// A broker, a collector on every topic, and an agent speaking MQTT 5 with one MQTT image source
+/// (`cameras/+/jpeg`, the second level as source id) after `input` (extra config before it),
+/// online. `None` without Mosquitto.
+fn start_v5_image_source(dir: &std::path::Path, input: &str) -> Option<(Broker, Collector, Agent)> {
+    let broker = Broker::start(&dir.join("broker"), "")?;
+    let col = Collector::start(broker.port, "#", ClientOpts::default());
+    let mut conf = AgentConf::new(dir, broker.port);
+    conf.mqtt_extra = "protocol = \"v5\"\n".into();
+    conf.extra = format!("{input}[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n");
+    let cfg = dir.join("agent.toml");
+    conf.write(&cfg);
+    let agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
+    Some((broker, col, agent))
+}
+
 /// Publishes `jpeg` on `topic` with MQTT 5 user properties through Mosquitto's own client.
 fn publish_v5(port: u16, topic: &str, jpeg: &std::path::Path, props: &[(&str, &str)]) {
     let mut cmd = std::process::Command::new("mosquitto_pub");
@@ -511,15 +527,7 @@ fn publish_v5(port: u16, topic: &str, jpeg: &std::path::Path, props: &[(&str, &s
 #[test]
 fn mqtt_source_ids_from_outside_are_checked() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
-    let col = Collector::start(broker.port, "#", ClientOpts::default());
-    let mut conf = AgentConf::new(tmp.path(), broker.port);
-    conf.mqtt_extra = "protocol = \"v5\"\n".into();
-    conf.extra = "[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n".into();
-    let cfg = tmp.path().join("agent.toml");
-    conf.write(&cfg);
-    let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
+    let Some((broker, col, mut agent)) = start_v5_image_source(tmp.path(), "") else { return };
     let jpeg = tmp.path().join("door.jpg");
     std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
     let long = "x".repeat(70_000);
@@ -566,17 +574,10 @@ fn vm_hwm_kb(pid: u32) -> u64 {
 #[test]
 fn mqtt_payloads_over_max_bytes_never_reach_the_agent() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
-    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
-    let mut conf = AgentConf::new(tmp.path(), broker.port);
-    conf.mqtt_extra = "protocol = \"v5\"\n".into();
     let max_bytes = 2_000_000;
-    conf.extra =
-        format!("[input]\nmax_bytes = {max_bytes}\n\n[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n");
-    let cfg = tmp.path().join("agent.toml");
-    conf.write(&cfg);
-    let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
+    let Some((broker, col, mut agent)) = start_v5_image_source(tmp.path(), &format!("[input]\nmax_bytes = {max_bytes}\n\n")) else {
+        return;
+    };
     let jpeg = tmp.path().join("door.jpg");
     std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
     for i in 0..3 {

@@ -51,7 +51,7 @@ fn list(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64, SystemTime)>> {
 
 /// Runs the source until `stop` turns true (or the intake closes).
 pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::Receiver<bool>, events: EventSink) {
-    let id: Arc<str> = Arc::from(super::topic_level(&src.id).as_str());
+    let id: Arc<str> = Arc::from(src.id.as_str());
     let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
     let mut watcher: Option<notify::RecommendedWatcher> = None;
     let mut seen: HashMap<PathBuf, (u64, SystemTime, Instant)> = HashMap::new();

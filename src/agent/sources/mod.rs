@@ -34,13 +34,3 @@ pub fn check_source_id(id: &str) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// Makes `s` usable as one MQTT topic level (the `{source}` of `detections/{source}`).
-pub fn topic_level(s: &str) -> String {
-    let v: String = s.chars().map(|c| if matches!(c, '/' | '+' | '#') || c.is_whitespace() || c.is_control() { '_' } else { c }).collect();
-    if v.is_empty() {
-        "_".into()
-    } else {
-        v
-    }
-}
