@@ -10,7 +10,7 @@
 //! | detection | [`detector`] | a loaded model with its batched pre- and post-processing |
 //! | model | [`model`], [`weights`] | YOLOv9 itself, and the checkpoint formats it loads from |
 //! | acceleration | [`backend`] | devices, memory, CPU and CUDA kernels, uploads, the arena |
-//! | foundations | [`vision`], [`units`], [`env`] | pictures on the host (decoding, letterbox, NMS, annotation); byte sizes; the process environment, read once |
+//! | foundations | [`vision`], [`units`], [`env`], [`files`] | pictures on the host (decoding, letterbox, NMS, annotation); byte sizes; the process environment, read once; bounded reads of files named from outside |
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -22,6 +22,7 @@ pub mod demo;
 pub mod detector;
 pub mod env;
 pub mod eval;
+pub mod files;
 pub mod model;
 pub mod planner;
 pub mod units;
@@ -36,16 +37,17 @@ mod layering {
     const ALLOWED: &[(&str, &[&str])] = &[
         ("units", &[]),
         ("env", &[]),
+        ("files", &[]),
         ("vision", &[]),
-        ("backend", &["vision", "units", "env"]),
-        ("weights", &["model", "backend", "vision", "units", "env"]),
-        ("model", &["weights", "backend", "vision", "units", "env"]),
-        ("detector", &["model", "weights", "backend", "vision", "units", "env"]),
-        ("planner", &["detector", "model", "weights", "backend", "vision", "units", "env"]),
-        ("bench", &["detector", "model", "weights", "backend", "vision", "units", "env"]),
-        ("eval", &["detector", "model", "weights", "backend", "vision", "units", "env"]),
-        ("agent", &["planner", "detector", "model", "weights", "backend", "vision", "units", "env"]),
-        ("demo", &["agent", "eval", "planner", "detector", "model", "weights", "backend", "vision", "units", "env"]),
+        ("backend", &["vision", "units", "env", "files"]),
+        ("weights", &["model", "backend", "vision", "units", "env", "files"]),
+        ("model", &["weights", "backend", "vision", "units", "env", "files"]),
+        ("detector", &["model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("planner", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("bench", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("eval", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("agent", &["planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("demo", &["agent", "eval", "planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
     ];
 
     fn sources(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {

@@ -8,6 +8,7 @@ pub mod messages;
 pub mod mqtt;
 pub mod pipeline;
 pub mod publisher;
+mod reload;
 pub mod sources;
 pub mod spool;
 pub mod telemetry;
@@ -19,12 +20,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{DType, Device};
-use notify::Watcher;
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
 use crate::agent::events::EventSink;
-use crate::agent::pipeline::{Control, ModelMeta, Pipeline};
+use crate::agent::pipeline::{ModelMeta, Pipeline};
 use crate::agent::sources::{folder, mqtt as mqtt_source};
 use crate::agent::spool::{Spool, SpoolError};
 use crate::agent::telemetry::{DeviceMemorySource, MemorySource, Stats};
@@ -32,7 +32,7 @@ use crate::backend::devmem::{self, PeakMeter};
 use crate::detector::warmup::{self as startup, StartupTimes};
 use crate::detector::Detector;
 use crate::planner::{self, Budget, DetectorProber, Plan, PlanError, PlannerConfig, MIB};
-use messages::{BatchPlan, EventBody, ModelInfo, PlanReport};
+use messages::{BatchPlan, ModelInfo, PlanReport};
 use publisher::PublisherParts;
 
 #[derive(Debug, thiserror::Error)]
@@ -117,18 +117,11 @@ pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, Agen
     Ok(decision)
 }
 
-/// The sha256 of a file (lowercase hex), read in blocks.
-fn file_sha256(path: &Path) -> std::io::Result<String> {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut h)?;
-    Ok(format!("{:x}", h.finalize()))
-}
-
 fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector, AgentError> {
     if let Some(want) = &cfg.model.sha256 {
         let path = cfg.model.path.clone();
-        let got = file_sha256(&path).map_err(|source| AgentError::ModelRead { path: path.clone(), source })?;
+        let got = crate::files::sha256_bounded(&path, crate::weights::MAX_MODEL_FILE_BYTES)
+            .map_err(|source| AgentError::ModelRead { path: path.clone(), source })?;
         if &got != want {
             return Err(AgentError::ModelDigest { path, want: want.clone(), got });
         }
@@ -299,7 +292,8 @@ async fn run_async(
         shutdown: stop_rx.clone(),
     }));
 
-    let reload_task = tokio::spawn(watch_config(cfg_tx, control, device.clone(), dtype, events.clone(), stats.clone(), stop_rx.clone()));
+    let reload_task =
+        tokio::spawn(reload::watch_config(cfg_tx, control, device.clone(), dtype, events.clone(), stats.clone(), stop_rx.clone()));
 
     shutdown.await;
     let grace = cfg_rx.borrow().shutdown_grace;
@@ -335,142 +329,4 @@ async fn wait_for_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
-}
-
-/// Watches the config file; applies valid changes live, rejects invalid ones with an event.
-async fn watch_config(
-    cfg_tx: watch::Sender<Arc<Config>>,
-    control: std::sync::mpsc::SyncSender<Control>,
-    device: Device,
-    dtype: DType,
-    events: EventSink,
-    stats: Arc<Stats>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let path = cfg_tx.borrow().path.clone();
-    let dir = path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
-    let name = path.file_name().map(|n| n.to_os_string());
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let watcher = notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
-        if let Ok(ev) = r {
-            if ev.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
-                let _ = tx.try_send(());
-            }
-        }
-    })
-    .and_then(|mut w| w.watch(&dir, notify::RecursiveMode::NonRecursive).map(|_| w));
-    let _watcher = match watcher {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::error!("cannot watch {}: {e}; config field updates disabled", path.display());
-            return;
-        }
-    };
-    // the content last rejected: file-system events (the watcher's own reads among them) wake
-    // this loop again and again, but the same content is judged once, until the file changes
-    let mut rejected: Option<String> = None;
-    let reject = |rejected: &mut Option<String>, sha: &str, error: String, running_sha256: String| {
-        *rejected = Some(sha.to_string());
-        stats.config_rejected.fetch_add(1, Relaxed);
-        events.emit(EventBody::ConfigRejected { path: path.to_string_lossy().into_owned(), error, running_sha256 });
-    };
-    loop {
-        tokio::select! {
-            r = rx.recv() => if r.is_none() { return },
-            _ = stop.changed() => return,
-        }
-        // editors write in several steps: let the file settle
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        while rx.try_recv().is_ok() {}
-        let old = cfg_tx.borrow().clone();
-        let text = match config::read_bounded(&path, config::MAX_CONFIG_BYTES) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!("config file unreadable ({e}); keeping the running config");
-                continue;
-            }
-        };
-        let sha = Config::content_sha256(&text);
-        if sha == old.sha256 || rejected.as_deref() == Some(sha.as_str()) {
-            continue;
-        }
-        let new =
-            match std::str::from_utf8(&text).map_err(|e| e.to_string()).and_then(|t| Config::parse(t, &path).map_err(|e| e.to_string())) {
-                Ok(c) => c,
-                Err(e) => {
-                    reject(&mut rejected, &sha, e, old.sha256.clone());
-                    continue;
-                }
-            };
-        let restart = old.restart_required(&new);
-        let mut applied = new.clone();
-        applied.device = old.device.clone();
-        applied.sources = old.sources.clone();
-        applied.spool = old.spool.clone();
-        applied.input = old.input;
-        applied.inject_oom = old.inject_oom;
-        applied.mqtt.device_id = old.mqtt.device_id.clone();
-        applied.mqtt.prefix = old.mqtt.prefix.clone();
-        if applied.model.path != old.model.path || applied.model.sha256 != old.model.sha256 {
-            let (c, d) = (applied.clone(), device.clone());
-            let loaded = tokio::task::spawn_blocking(move || load_detector(&c, &d, dtype)).await;
-            match loaded {
-                Ok(Ok(det)) => {
-                    det.use_graphs(true);
-                    let control = control.clone();
-                    let sent = tokio::task::spawn_blocking(move || control.send(Control::SwapModel(Box::new(det)))).await;
-                    if !matches!(sent, Ok(Ok(()))) {
-                        tracing::warn!("inference worker gone; model not swapped");
-                        continue;
-                    }
-                }
-                Ok(Err(e)) => {
-                    reject(&mut rejected, &sha, e.to_string(), old.sha256.clone());
-                    continue;
-                }
-                Err(e) => {
-                    // the loader panicked (or was cancelled): the running model stays
-                    reject(&mut rejected, &sha, format!("model loader failed: {e}"), old.sha256.clone());
-                    continue;
-                }
-            }
-        }
-        let changed = changed_sections(&old, &applied);
-        rejected = None;
-        stats.config_applied.fetch_add(1, Relaxed);
-        let sha = applied.sha256.clone();
-        cfg_tx.send_replace(Arc::new(applied));
-        events.emit(EventBody::ConfigApplied {
-            path: path.to_string_lossy().into_owned(),
-            sha256: sha,
-            changed: changed.into_iter().map(String::from).collect(),
-            restart_required: restart.into_iter().map(String::from).collect(),
-        });
-    }
-}
-
-fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
-    let mut v = Vec::new();
-    if a.model.thresholds != b.model.thresholds {
-        v.push("model.thresholds");
-    }
-    if a.model.path != b.model.path {
-        v.push("model.path");
-    }
-    if a.model.sha256 != b.model.sha256 {
-        v.push("model.sha256");
-    }
-    if a.mqtt != b.mqtt {
-        v.push("mqtt");
-    }
-    if a.telemetry_interval != b.telemetry_interval {
-        v.push("telemetry");
-    }
-    if a.oom_quiet_period != b.oom_quiet_period || a.release_idle != b.release_idle {
-        v.push("oom");
-    }
-    if a.shutdown_grace != b.shutdown_grace {
-        v.push("shutdown");
-    }
-    v
 }

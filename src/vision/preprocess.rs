@@ -71,6 +71,21 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
     {
         return Err(ImageError::Dimensions { width, height, max_side: limits.max_side, max_pixels: limits.max_pixels });
     }
+    if format == image::ImageFormat::Jpeg {
+        // every 8x8 block of a Huffman-coded scan costs at least one bit, so a header that
+        // claims more blocks than the file has bits is a stub: refused before any allocation
+        let blocks = u64::from(width.div_ceil(8)) * u64::from(height.div_ceil(8));
+        let least = blocks / 8;
+        if (bytes.len() as u64) < least {
+            return Err(ImageError::Corrupt {
+                format: fmt_name,
+                reason: format!(
+                    "the header claims {width}x{height}, which needs at least {least} bytes of scan data; the file has {}",
+                    bytes.len()
+                ),
+            });
+        }
+    }
     let mut img_limits = image::Limits::default();
     img_limits.max_image_width = Some(limits.max_side);
     img_limits.max_image_height = Some(limits.max_side);
@@ -267,6 +282,34 @@ mod tests {
         let cut = &buf[..buf.len() * 2 / 3];
         let e = decode_image(cut, &DecodeLimits::default()).unwrap_err().to_string();
         assert!(e.contains("truncated"), "{e}");
+    }
+
+    /// A small JPEG whose frame header is patched to claim `w`x`h`.
+    fn jpeg_claiming(w: u16, h: u16) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let img = RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8 * 3, y as u8 * 5, 7]));
+        image::codecs::jpeg::JpegEncoder::new(&mut buf).encode_image(&img).unwrap();
+        // SOF0: FF C0, length (2), precision (1), height (2), width (2)
+        let sof = buf.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+        buf[sof + 5..sof + 7].copy_from_slice(&h.to_be_bytes());
+        buf[sof + 7..sof + 9].copy_from_slice(&w.to_be_bytes());
+        buf
+    }
+
+    #[test]
+    fn jpeg_stubs_claiming_large_pictures_are_refused_before_decoding() {
+        let stub = jpeg_claiming(16000, 6000);
+        assert!(stub.len() < 2000, "{}", stub.len());
+        let t = std::time::Instant::now();
+        let e = decode_image(&stub, &DecodeLimits::default()).unwrap_err().to_string();
+        assert!(e.contains("claims 16000x6000") && e.contains("187500 bytes"), "{e}");
+        // refused from the header: no 288 MB canvas was made and filled
+        assert!(t.elapsed() < std::time::Duration::from_millis(100), "{:?}", t.elapsed());
+        // the bound is far below what real pictures hold: the unpatched picture decodes
+        assert!(decode_image(&jpeg_claiming(64, 48), &DecodeLimits::default()).is_ok());
+        // over the side limit, the dimensions error comes first
+        let e = decode_image(&jpeg_claiming(20000, 100), &DecodeLimits::default()).unwrap_err().to_string();
+        assert!(e.contains("20000x100") && e.contains("above the limit"), "{e}");
     }
 
     #[test]

@@ -72,8 +72,7 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Loads a checkpoint, choosing the reader from the file's content (not its name).
     pub fn load(path: &Path) -> Result<Self, WeightsError> {
-        let io = |source| WeightsError::Io { path: path.to_owned(), source };
-        let bytes = std::fs::read(path).map_err(io)?;
+        let bytes = read_model_file(path)?;
         let sha256 = {
             use sha2::Digest;
             let d = sha2::Sha256::digest(&bytes);
@@ -86,6 +85,15 @@ impl Checkpoint {
         ck.sha256 = sha256;
         Ok(ck)
     }
+}
+
+/// Reads a model file whole: a regular file of at most [`MAX_MODEL_FILE_BYTES`] (a FIFO or a
+/// device such as `/dev/zero` is refused before anything is read).
+pub fn read_model_file(path: &Path) -> Result<Vec<u8>, WeightsError> {
+    crate::files::read_bounded(path, MAX_MODEL_FILE_BYTES).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => not_ckpt(path, e.to_string()),
+        _ => WeightsError::Io { path: path.to_owned(), source: e },
+    })
 }
 
 fn not_ckpt(path: &Path, reason: impl Into<String>) -> WeightsError {
@@ -126,6 +134,9 @@ fn load_safetensors(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsErro
     };
     Ok(Checkpoint { path: path.to_owned(), format, tensors, names, imgsz, strides, metadata, sha256: String::new() })
 }
+
+/// The largest model file read (yolov9-e in f32 is about 240 MB).
+pub const MAX_MODEL_FILE_BYTES: u64 = 4 << 30;
 
 /// Most members a `.pt` archive may hold. torch.save writes one per tensor storage plus a
 /// few (the yolov9t fixture has 1,383); the zip reader indexes every member.
