@@ -329,6 +329,110 @@ fn config_field_updates_valid_invalid_and_model_swap() {
     assert!(kinds.get("Event").is_some_and(|&n| n >= 4), "{kinds:?}");
 }
 
+/// Hostile model files named by config edits while the agent runs: each edit is rejected with
+/// exactly one `config_rejected` (none repeated while the file stays), the old model keeps
+/// detecting, the agent's peak memory stays within what the one-shot loader is allowed
+/// (`tests/model/bad_input.rs` runs it under 1.5 GiB of address space), and SIGTERM still exits 0.
+/// A load that overruns `load_timeout_s` is abandoned and rejected; a model rejected as a partial
+/// copy is loaded once its file is complete, with no further config edit.
+#[test]
+fn hostile_model_edits_are_rejected_once_and_the_old_model_serves() {
+    use common::hostile;
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let conf = AgentConf::new(tmp.path(), broker.port);
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "info", || !col.on("/info").is_empty());
+    let jpeg = small_jpeg("horses.jpg", 96);
+    drop_images(&conf.input, 0, 4, &jpeg);
+    wait_until(T, "first detections", || col.detections().len() >= 4);
+    let pid = agent.child.id();
+    let hwm_before = vm_hwm_kb(pid);
+
+    let files: [(&str, Vec<u8>, &str); 8] = [
+        ("nested-lists.pt", hostile::nested_lists(1_000_000), "levels deep"),
+        ("nested-tuples.pt", hostile::nested_tuples(1_000_000), "levels deep"),
+        ("memo-chain.pt", hostile::memo_chain(400_000), "neither a dict nor a module"),
+        ("build-doubling.pt", hostile::build_doubling(), "values"),
+        ("shared-modules.pt", hostile::shared_modules(60), "self-module.pt"),
+        ("self-module.pt", hostile::self_module(), "self-module.pt"),
+        ("storage-bomb.pt", hostile::storage_bomb(), "allowed"),
+        ("trillion-elements.pt", hostile::trillion_elements(), "reaches byte"),
+    ];
+    let good = conf.toml();
+    let mut images = 4;
+    for (i, (name, bytes, needle)) in files.iter().enumerate() {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let t = Instant::now();
+        write_atomic(&cfg, &good.replace(&conf.model.display().to_string(), &path.display().to_string()));
+        wait_until(T, name, || col.events("config_rejected").len() > i);
+        let EventBody::ConfigRejected { error, .. } = &col.events("config_rejected")[i] else { unreachable!() };
+        eprintln!("{name}: {} bytes, rejected in {:.2} s: {error}", bytes.len(), t.elapsed().as_secs_f64());
+        assert!(error.contains(name) && (error.contains(needle) || needle.ends_with(".pt")), "{name}: {error}");
+        // the running model still detects
+        drop_images(&conf.input, images, 2, &jpeg);
+        images += 2;
+        wait_until(T, "detections after the rejected edit", || col.detections().len() >= images);
+    }
+    // none judged again while the files stay
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(col.events("config_rejected").len(), files.len(), "a rejected edit was judged again");
+    let hwm_after = vm_hwm_kb(pid);
+    eprintln!("agent VmHWM {hwm_before} kB -> {hwm_after} kB over {} hostile model edits", files.len());
+    assert!(hwm_after - hwm_before < 3 << 19, "peak memory grew by {} kB", hwm_after - hwm_before);
+
+    // a deadline too short for any model: abandoned, rejected, the old model serves
+    let m2 = tmp.path().join("m2.pt");
+    std::fs::copy(fixture("yolov9t-ball.pt"), &m2).unwrap();
+    let with_model = |path: &std::path::Path, extra: &str| {
+        good.replace(&format!("path = \"{}\"", conf.model.display()), &format!("path = \"{}\"\n{extra}", path.display()))
+    };
+    write_atomic(&cfg, &with_model(&m2, "load_timeout_s = 0.001"));
+    wait_until(T, "timeout rejected", || col.events("config_rejected").len() > files.len());
+    let EventBody::ConfigRejected { error, .. } = col.events("config_rejected").pop().unwrap() else { unreachable!() };
+    assert!(error.contains("load_timeout_s"), "{error}");
+    drop_images(&conf.input, images, 2, &jpeg);
+    images += 2;
+    wait_until(T, "detections after the timeout", || col.detections().len() >= images);
+
+    // a partial copy, named with the digest of the whole file: rejected; completing the file on
+    // disk (no config edit) loads it
+    let whole = std::fs::read(fixture("yolov9t-ball.pt")).unwrap();
+    let digest = {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(&whole))
+    };
+    let late = tmp.path().join("late.pt");
+    std::fs::write(&late, &whole[..whole.len() / 2]).unwrap();
+    write_atomic(&cfg, &with_model(&late, &format!("sha256 = \"{digest}\"")));
+    wait_until(T, "partial copy rejected", || col.events("config_rejected").len() > files.len() + 1);
+    let EventBody::ConfigRejected { error, .. } = col.events("config_rejected").pop().unwrap() else { unreachable!() };
+    assert!(error.contains("sha256") && error.contains("late.pt"), "{error}");
+    assert!(col.events("model_reloaded").is_empty());
+    std::fs::write(late.with_extension("part"), &whole).unwrap();
+    std::fs::rename(late.with_extension("part"), &late).unwrap();
+    wait_until(T, "the completed model loaded", || !col.events("model_reloaded").is_empty());
+    assert!(matches!(&col.events("model_reloaded")[0], EventBody::ModelReloaded { path, .. } if path.ends_with("late.pt")));
+    wait_until(T, "config_applied", || !col.events("config_applied").is_empty());
+    assert_eq!(col.events("config_rejected").len(), files.len() + 2);
+    drop_images(&conf.input, images, 2, &jpeg);
+    images += 2;
+    wait_until(T, "detections with the new model", || col.detections().len() >= images);
+
+    // a hostile edit in flight does not hold shutdown
+    write_atomic(&cfg, &good.replace(&conf.model.display().to_string(), &tmp.path().join("memo-chain.pt").display().to_string()));
+    std::thread::sleep(Duration::from_millis(200));
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(conf.grace_s as u64)), Some(0));
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    check_seq(&dets, images);
+    col.assert_all_typed();
+}
+
 /// CA + server certificate for 127.0.0.1/localhost, written as PEM files; returns the CA PEM.
 fn make_certs(dir: &std::path::Path) -> Vec<u8> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};

@@ -504,3 +504,19 @@ impl TrackedTensors {
         &self.path
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_paths_to_devices_and_fifos_are_refused_before_reading() {
+        let e = Checkpoint::load(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let e = Checkpoint::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = Checkpoint::load(&dir.path().join("missing.pt")).unwrap_err().to_string();
+        assert!(e.contains("cannot read"), "{e}");
+    }
+}

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+use crate::hostile::*;
 
 fn crc32(data: &[u8]) -> u32 {
     let mut c = 0xFFFF_FFFFu32;
@@ -109,93 +110,6 @@ fn each_bad_picture_gets_its_own_error_and_the_rest_go_on() {
     assert!(lines[7]["detections"].as_array().unwrap().len() <= 300);
 }
 
-/// A protocol-2 pickle, written opcode by opcode.
-struct Pickle(Vec<u8>);
-
-impl Pickle {
-    fn new() -> Self {
-        Pickle(b"\x80\x02".to_vec())
-    }
-    fn raw(mut self, b: &[u8]) -> Self {
-        self.0.extend_from_slice(b);
-        self
-    }
-    fn str(self, s: &str) -> Self {
-        self.raw(b"X").raw(&(s.len() as u32).to_le_bytes()).raw(s.as_bytes())
-    }
-    fn int(self, i: i64) -> Self {
-        self.raw(b"\x8a\x08").raw(&i.to_le_bytes())
-    }
-    fn ints(self, v: &[i64]) -> Self {
-        v.iter().fold(self.raw(b"("), |p, &i| p.int(i)).raw(b"t")
-    }
-    fn global(self, module: &str, name: &str) -> Self {
-        self.raw(format!("c{module}\n{name}\n").as_bytes())
-    }
-    fn memo_put(self, k: u32) -> Self {
-        self.raw(b"r").raw(&k.to_le_bytes())
-    }
-    fn memo_get(self, k: u32) -> Self {
-        self.raw(b"j").raw(&k.to_le_bytes())
-    }
-    /// `_rebuild_tensor_v2(storage, offset, shape, stride)` on float storage `key` of `numel` elements.
-    fn tensor(self, key: &str, numel: i64, offset: i64, shape: &[i64], stride: &[i64]) -> Self {
-        self.global("torch._utils", "_rebuild_tensor_v2")
-            .raw(b"((")
-            .str("storage")
-            .global("torch", "FloatStorage")
-            .str(key)
-            .str("cpu")
-            .int(numel)
-            .raw(b"tQ")
-            .int(offset)
-            .ints(shape)
-            .ints(stride)
-            .raw(b"tR")
-    }
-    /// An object of `class` with an empty state dict on the stack (closed by BUILD, `b`).
-    fn module(self, class: &str) -> Self {
-        let (m, n) = class.rsplit_once('.').unwrap();
-        self.global(m, n).raw(b")\x81}")
-    }
-}
-
-const DETECTION_MODEL: &str = "ultralytics.nn.tasks.DetectionModel";
-
-/// A DetectionModel whose `_parameters` holds one tensor `w`, written by `tensor`.
-fn model_with(tensor: impl FnOnce(Pickle) -> Pickle) -> Vec<u8> {
-    tensor(Pickle::new().module(DETECTION_MODEL).str("_parameters").raw(b"}").str("w")).raw(b"ssb.").0
-}
-
-/// A torch.save-like zip archive (`m/data.pkl`, `m/data/<key>`), members stored.
-fn pt(pkl: &[u8], storages: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-    let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
-    z.start_file("m/data.pkl", stored).unwrap();
-    z.write_all(pkl).unwrap();
-    for (key, data) in storages {
-        z.start_file(format!("m/data/{key}"), stored).unwrap();
-        z.write_all(data).unwrap();
-    }
-    z.finish().unwrap().into_inner()
-}
-
-/// An archive whose member `name` is `mib` MiB of zeros, deflated (about 1 KiB per MiB).
-fn zip_bomb(pkl: &[u8], name: &str, mib: usize) -> Vec<u8> {
-    let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-    let deflated = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
-    if name != "data.pkl" {
-        z.start_file("m/data.pkl", deflated).unwrap();
-        z.write_all(pkl).unwrap();
-    }
-    z.start_file(format!("m/{name}"), deflated).unwrap();
-    let zeros = vec![0u8; 1 << 20];
-    for _ in 0..mib {
-        z.write_all(&zeros).unwrap();
-    }
-    z.finish().unwrap().into_inner()
-}
-
 /// The address space `yolo-edge info` runs in: ample for the fixture model, far below what the
 /// hostile files would take.
 const AS_LIMIT: u64 = 3 << 29; // 1.5 GiB
@@ -266,34 +180,17 @@ fn pt_tensors_with_impossible_shapes_offsets_or_storages_are_refused() {
 #[test]
 fn pickles_nested_a_million_levels_deep_are_refused() {
     let dir = tmpdir();
-    let n = 1_000_000;
-    let lists = [&b"\x80\x02"[..], &vec![b']'; n], &vec![b'a'; n - 1], b"."].concat();
-    assert_refused(dir.path(), "nested-lists.pt", &pt(&lists, &[]), &["1000 levels deep"]);
-    let tuples = [&b"\x80\x02N"[..], &vec![0x85; n], b"."].concat();
-    assert_refused(dir.path(), "nested-tuples.pt", &pt(&tuples, &[]), &["1000 levels deep"]);
+    assert_refused(dir.path(), "nested-lists.pt", &nested_lists(1_000_000), &["1000 levels deep"]);
+    assert_refused(dir.path(), "nested-tuples.pt", &nested_tuples(1_000_000), &["1000 levels deep"]);
     // a chain 400,000 lists deep, linked through the memo so that no single step looks
     // deep: parsed, refused as a checkpoint, and dropped without recursion
-    let n = 400_000;
-    let mut p = Pickle::new();
-    for i in 0..=n as u32 {
-        p = p.raw(b"]").memo_put(i).raw(b"0");
-    }
-    for i in 0..n as u32 {
-        p = p.memo_get(i).memo_get(i + 1).raw(b"a0");
-    }
-    let chain = p.memo_get(0).raw(b".").0;
-    assert_refused(dir.path(), "memo-chain.pt", &pt(&chain, &[]), &["neither a dict nor a module"]);
+    assert_refused(dir.path(), "memo-chain.pt", &memo_chain(400_000), &["neither a dict nor a module"]);
 }
 
 #[test]
 fn pickles_that_multiply_their_values_are_refused() {
     let dir = tmpdir();
-    // two dicts merged into each other by BUILD in turn: Fibonacci growth, 2^100 items by the end
-    let mut p = Pickle::new().raw(b"})K\x00s").memo_put(1).raw(b"})K\x00s").memo_put(2);
-    for _ in 0..140 {
-        p = p.memo_get(1).memo_get(2).raw(b"b0").memo_get(2).memo_get(1).raw(b"b0");
-    }
-    assert_refused(dir.path(), "build-doubling.pt", &pt(&p.memo_get(1).raw(b".").0, &[]), &["values"]);
+    assert_refused(dir.path(), "build-doubling.pt", &build_doubling(), &["values"]);
     // half a million distinct keys set one by one: linear, then refused as not a checkpoint
     let mut p = Pickle::new().raw(b"}");
     for i in 0..500_000 {
@@ -312,41 +209,15 @@ fn pickles_that_multiply_their_values_are_refused() {
 
 #[test]
 fn modules_shared_along_many_paths_are_walked_once() {
-    // module i holds module i-1 twice (`a` and `b`): 2^60 paths to the one tensor
     let dir = tmpdir();
-    let levels = 60;
-    let mut p = Pickle::new()
-        .module("torch.nn.modules.module.Module")
-        .str("_parameters")
-        .raw(b"}")
-        .str("w")
-        .tensor("0", 10, 0, &[10], &[1])
-        .raw(b"ssb")
-        .memo_put(0)
-        .raw(b"0");
-    for i in 1..=levels {
-        p = p
-            .module("torch.nn.modules.module.Module")
-            .str("_modules")
-            .raw(b"}(")
-            .str("a")
-            .memo_get(i - 1)
-            .str("b")
-            .memo_get(i - 1)
-            .raw(b"usb")
-            .memo_put(i)
-            .raw(b"0");
-    }
-    let pkl = p.module(DETECTION_MODEL).str("_modules").raw(b"}").str("model").memo_get(levels).raw(b"ssb.").0;
-    assert_refused(dir.path(), "shared-modules.pt", &pt(&pkl, &[("0", &[0u8; 40])]), &[""]);
+    assert_refused(dir.path(), "shared-modules.pt", &shared_modules(60), &[""]);
+    assert_refused(dir.path(), "self-module.pt", &self_module(), &[""]);
 }
 
 #[test]
 fn zip_bombs_and_oversized_archives_are_refused() {
     let dir = tmpdir();
-    // 256 MiB of tensor storage deflated into a few hundred KiB
-    let pkl = model_with(|p| p.tensor("0", 64 << 20, 0, &[64 << 20], &[1]));
-    assert_refused(dir.path(), "storage-bomb.pt", &zip_bomb(&pkl, "data/0", 256), &["over the load budget", "allowed"]);
+    assert_refused(dir.path(), "storage-bomb.pt", &storage_bomb(), &["over the load budget", "allowed"]);
     // a data.pkl of 9 MiB
     assert_refused(dir.path(), "pickle-bomb.pt", &zip_bomb(&[], "data.pkl", 9), &["allowed", "over the load budget"]);
     // more members than any checkpoint has

@@ -5,6 +5,8 @@
 mod bad_input;
 mod common;
 mod formats;
+#[path = "../common/hostile.rs"]
+mod hostile;
 mod parity;
 mod resize;
 mod seeded;
