@@ -433,6 +433,111 @@ fn hostile_model_edits_are_rejected_once_and_the_old_model_serves() {
     col.assert_all_typed();
 }
 
+/// Messages the broker will not take never block the uplink. An MQTT 5 broker that refuses a
+/// topic by ACL (a real Mosquitto): each refused detection goes to the spool's dead-letter
+/// folder with a `publish_refused` event naming it, and the other source's pictures are
+/// delivered. A broker that drops the connection on one message (MQTT 3.1.1): detections then go
+/// one at a time, and after `POISON_DROPS` drops with it alone in flight, it is dead-lettered;
+/// the pictures before and after it are delivered.
+#[test]
+fn refused_and_poisoned_messages_are_dead_lettered_and_the_uplink_goes_on() {
+    use yolo_edge::agent::publisher::POISON_DROPS;
+    let tmp = tempfile::tempdir().unwrap();
+    let bdir = tmp.path().join("broker");
+    std::fs::create_dir_all(&bdir).unwrap();
+    let acl = bdir.join("acl");
+    std::fs::write(&acl, "topic readwrite #\ntopic deny yolo-edge/box-1/detections/denied\n").unwrap();
+    let Some(broker) = Broker::start(&bdir, &format!("allow_anonymous true\nacl_file {}\n", acl.display())) else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.mqtt_extra = "protocol = \"v5\"\n".into();
+    let denied = tmp.path().join("denied");
+    std::fs::create_dir_all(&denied).unwrap();
+    conf.extra = format!(
+        "[[sources]]\ntype = \"folder\"\nid = \"denied\"\npath = \"{}\"\nsettle_ms = 50\nscan_interval_ms = 100\n",
+        denied.display()
+    );
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    let jpeg = small_jpeg("horses.jpg", 96);
+    drop_images(&conf.input, 0, 5, &jpeg);
+    drop_images(&denied, 0, 3, &jpeg);
+    drop_images(&conf.input, 5, 5, &jpeg);
+    // events are QoS 1: a connection lost before their acknowledgement sends them again
+    let refused = || {
+        col.events("publish_refused")
+            .into_iter()
+            .map(|ev| {
+                let EventBody::PublishRefused { topic, reason, dead_letter } = ev else { unreachable!() };
+                (dead_letter.expect("dead-letter path"), (topic, reason))
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    wait_until(T, "three refused detections", || refused().len() >= 3);
+    wait_until(T, "the allowed source's 10 detections", || col.detections().len() >= 10);
+    for (path, (topic, reason)) in refused() {
+        assert!(topic.ends_with("/detections/denied"), "{topic}");
+        // Mosquitto 2.0.11 drops an MQTT 5 connection right after a PUBACK that refuses a publish
+        // by ACL; when the reset discards that PUBACK, the refusal is seen as drops
+        assert!(reason.contains("NotAuthorized") || reason.contains("dropped the connection"), "{reason}");
+        let path = std::path::PathBuf::from(path);
+        assert!(path.starts_with(conf.spool.join("dead")) && path.exists(), "{path:?}");
+        assert!(std::fs::read(&path).unwrap().windows(6).any(|w| w == b"denied"));
+    }
+    wait_until(T, "refused inputs completed", || files_in(&denied.join("done")).len() == 3);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(refused().len(), 3, "a refused message was sent again");
+    let dead =
+        std::fs::read_dir(conf.spool.join("dead")).unwrap().filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "msg").count();
+    assert_eq!(dead, 3);
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(dets.iter().map(image_name).collect::<BTreeSet<_>>().len(), 10);
+    wait_until(T, "telemetry counts the dead letters", || {
+        col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().mqtt.dead_letters == 3)
+    });
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
+    drop(broker);
+
+    // a broker that drops the connection whenever it gets one message
+    let poison = PoisonBroker::start(b"tainted");
+    let dir = tmp.path().join("drops");
+    let mut conf = AgentConf::new(&dir, poison.port);
+    conf.spool = dir.join("spool");
+    let cfg = dir.join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    let mut names = drop_images(&conf.input, 0, 3, &jpeg);
+    std::fs::write(conf.input.join("tainted-picture.jpg"), &jpeg).unwrap();
+    names.extend(drop_images(&conf.input, 3, 3, &jpeg));
+    let events = || poison.on("/events").into_iter().filter(|e| e["type"] == "publish_refused").collect::<Vec<_>>();
+    wait_until(Duration::from_secs(60), "the poisoned message dead-lettered", || !events().is_empty());
+    // one drop with the full window in flight, then POISON_DROPS with the message alone
+    assert_eq!(poison.drops.load(std::sync::atomic::Ordering::SeqCst), POISON_DROPS as usize + 1);
+    let ev = &events()[0];
+    assert!(ev["reason"].as_str().unwrap().contains("dropped the connection"), "{ev}");
+    let path = std::path::PathBuf::from(ev["dead_letter"].as_str().unwrap());
+    assert!(std::fs::read(&path).unwrap().windows(7).any(|w| w == b"tainted"));
+    // the uplink goes on: everything else, and pictures after it, are delivered
+    names.extend(drop_images(&conf.input, 6, 4, &jpeg));
+    let delivered = || {
+        poison
+            .on("/detections/")
+            .into_iter()
+            .map(|d| image_name(&serde_json::from_value::<Detections>(d).unwrap()))
+            .collect::<BTreeSet<_>>()
+    };
+    wait_until(T, "the other 10 pictures delivered", || delivered().len() >= 10);
+    assert_eq!(delivered(), names.iter().cloned().collect(), "every picture but the poisoned one, once");
+    wait_until(T, "all inputs done", || files_in(&conf.input.join("done")).len() == 11);
+    // one drop with the full window in flight, then POISON_DROPS with the message alone
+    assert_eq!(poison.drops.load(std::sync::atomic::Ordering::SeqCst), POISON_DROPS as usize + 1);
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
 /// CA + server certificate for 127.0.0.1/localhost, written as PEM files; returns the CA PEM.
 fn make_certs(dir: &std::path::Path) -> Vec<u8> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};

@@ -288,6 +288,8 @@ pub struct MqttCounters {
     pub spooled_total: u64,
     /// Spooled messages delivered after a reconnect.
     pub spool_replayed: u64,
+    /// Detection messages the broker refused, kept in the spool's dead-letter folder.
+    pub dead_letters: u64,
     /// Detection messages handed to the MQTT client.
     pub published: u64,
     /// Detection messages acknowledged by the broker.
@@ -726,12 +728,17 @@ pub enum EventBody {
         /// Whether it was an authentication failure (bad username or password, not authorised).
         auth: bool,
     },
-    /// The broker acknowledged a detection with an error (MQTT 5 reason code).
+    /// The broker refused a detection: an MQTT 5 acknowledgement with an error, or a broker
+    /// that dropped the connection each time the message was sent. It is kept in the spool's
+    /// dead-letter folder and never sent again.
     PublishRefused {
         /// The detection's topic.
         topic: String,
         /// The broker's reason.
         reason: String,
+        /// Where the message was kept (`<spool>/dead/<id>.msg`, the reason beside it in
+        /// `<id>.reason`); null when it could not be written.
+        dead_letter: Option<String>,
     },
     /// A spool entry could not be read; it is skipped.
     SpoolError {
@@ -984,6 +991,7 @@ pub(crate) mod examples {
                 spool_bytes: 0,
                 spooled_total: 0,
                 spool_replayed: 0,
+                dead_letters: 0,
                 published: 3,
                 acked: 3,
                 reconnects: 0,
@@ -1129,7 +1137,11 @@ pub(crate) mod examples {
             },
             EventBody::SourceRecovered { source: "cam".into(), path: "/data/in".into() },
             EventBody::MqttRefused { reason: "BadUserNamePassword".into(), auth: true },
-            EventBody::PublishRefused { topic: "yolo-edge/box-1/detections/cam".into(), reason: "NotAuthorized".into() },
+            EventBody::PublishRefused {
+                topic: "yolo-edge/box-1/detections/cam".into(),
+                reason: "refused by the broker: NotAuthorized".into(),
+                dead_letter: Some("/var/spool/yolo-edge/dead/00000000000000000042.msg".into()),
+            },
             EventBody::SpoolError { error: "corrupt spool entry".into() },
             EventBody::MemoryReleased { idle_s: 30.0, reserved_before: Some(1 << 30), reserved_after: None },
             EventBody::MemoryOverBudget(budget.clone()),

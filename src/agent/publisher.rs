@@ -3,7 +3,7 @@
 //! broker is away (the file moves once the spool entry is fsynced); the spool is replayed in
 //! order after reconnect. Also publishes status (birth/LWT), info, events and telemetry.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -92,7 +92,22 @@ struct Publisher {
     conn_rx: mpsc::Receiver<(u64, ConnEvent)>,
     /// Whether the last telemetry reading had the process over the planner's budget.
     over_budget: bool,
+    /// Acknowledgements still to come before detections go out in a full window again: after
+    /// the broker dropped the connection, detections go one at a time, so that a drop names
+    /// the one message in flight.
+    careful: u32,
+    /// Spool entries by the number of connection drops while each was the one detection in
+    /// flight: a broker that cannot take a message drops the connection on it every time.
+    suspects: HashMap<u64, u32>,
 }
+
+/// A detection that was alone in flight at this many connection drops is taken for one the
+/// broker cannot accept, and dead-lettered (with the drop that started one-at-a-time sending,
+/// the broker has dropped the connection one more time than this).
+pub const POISON_DROPS: u32 = 3;
+
+/// Acknowledged detections, sent one at a time, after which a full window is used again.
+const CAREFUL_ACKS: u32 = 16;
 
 /// Runs until the results channel closes (pipeline drained) and everything is delivered or
 /// spooled, or the shutdown grace period ends; then publishes `offline` and disconnects.
@@ -112,6 +127,8 @@ pub async fn run(parts: PublisherParts) {
         seq: 0,
         started: Instant::now(),
         over_budget: false,
+        careful: 0,
+        suspects: HashMap::new(),
         fps: FpsMeter::new(0),
         conn_tx,
         conn_rx,
@@ -157,7 +174,7 @@ pub async fn run(parts: PublisherParts) {
                 if reconnect {
                     tracing::info!("MQTT settings changed: reconnecting");
                     if let Some(c) = &p.client { c.try_disconnect() }
-                    p.lost("MQTT settings changed".into());
+                    p.lost("MQTT settings changed".into(), false);
                     p.backoff = p.cfg.mqtt.reconnect_min;
                     p.reconnect_at = Some(tokio::time::Instant::now());
                 }
@@ -183,7 +200,7 @@ impl Publisher {
     }
 
     fn live_ok(&self) -> bool {
-        self.connected && self.resend.iter().all(|m| m.kind != Kind::Detection) && !self.p.spool.has_unsent()
+        self.connected && self.careful == 0 && self.resend.iter().all(|m| m.kind != Kind::Detection) && !self.p.spool.has_unsent()
     }
 
     fn can_accept(&self) -> bool {
@@ -216,7 +233,22 @@ impl Publisher {
 
     /// The connection is gone: unacknowledged detections go to the spool (in order, after
     /// everything already there), events go back to the queue, the rest is re-sent on connect.
-    fn lost(&mut self, reason: String) {
+    /// When the broker dropped an established connection (`suspect`), detections go out one at
+    /// a time for a while; a drop with one in flight counts against it (see [`POISON_DROPS`]).
+    fn lost(&mut self, reason: String, suspect: bool) {
+        let suspect = suspect && self.connected;
+        if suspect {
+            if self.careful > 0 {
+                let alone = self.window.iter().find_map(|f| match (f.msg.kind, &f.msg.origin) {
+                    (Kind::Detection, Origin::Spool(id)) => Some(*id),
+                    _ => None,
+                });
+                if let Some(id) = alone {
+                    *self.suspects.entry(id).or_insert(0) += 1;
+                }
+            }
+            self.careful = CAREFUL_ACKS;
+        }
         if self.connected {
             tracing::warn!("MQTT connection lost: {reason}");
         }
@@ -260,6 +292,36 @@ impl Publisher {
         }
     }
 
+    /// A detection the broker will not take: kept in the spool's dead-letter folder (never sent
+    /// again), its input completed, and a `publish_refused` event naming where it went.
+    fn dead_letter(&mut self, topic: String, payload: &[u8], origin: Origin, reason: String) {
+        let moved = match &origin {
+            Origin::Spool(id) => {
+                self.suspects.remove(id);
+                self.p.spool.dead_letter(*id, &reason)
+            }
+            _ => self.p.spool.dead_letter_new(&topic, payload, &reason),
+        };
+        let dead_letter = match moved {
+            Ok(p) => Some(p.to_string_lossy().into_owned()),
+            Err(e) => {
+                tracing::error!("cannot keep the refused message: {e}");
+                if let Origin::Spool(id) = origin {
+                    self.p.spool.discard(id);
+                }
+                None
+            }
+        };
+        if let Origin::Live(c) = &origin {
+            if let Err(e) = c.done() {
+                tracing::error!("cannot move input to done/: {e}");
+            }
+        }
+        self.p.stats.dead_letters.fetch_add(1, Relaxed);
+        tracing::warn!(topic = %topic, reason = %reason, dead_letter = ?dead_letter, "broker refused a detection; dead-lettered");
+        self.p.events.emit(EventBody::PublishRefused { topic, reason, dead_letter });
+    }
+
     fn on_conn(&mut self, ev: ConnEvent) {
         match ev {
             ConnEvent::Connected => {
@@ -292,14 +354,14 @@ impl Publisher {
                     tracing::error!(reason = %reason, "MQTT broker refused the connection");
                 }
                 self.p.events.emit(EventBody::MqttRefused { reason: reason.clone(), auth });
-                self.lost(format!("refused: {reason}"));
+                self.lost(format!("refused: {reason}"), false);
                 self.schedule_reconnect();
             }
             ConnEvent::Disconnected(reason) => {
                 if !self.connected {
                     tracing::warn!("MQTT connection failed: {reason}");
                 }
-                self.lost(reason);
+                self.lost(reason, true);
                 self.schedule_reconnect();
             }
             ConnEvent::Sent(pkid) => {
@@ -345,11 +407,17 @@ impl Publisher {
 
     fn delivered(&mut self, f: InFlight, error: Option<String>) {
         if f.msg.kind == Kind::Detection {
+            if let Some(e) = error {
+                let Msg { topic, payload, origin, .. } = f.msg;
+                self.dead_letter(topic, &payload, origin, format!("refused by the broker: {e}"));
+                return;
+            }
             self.p.stats.detections_acked.fetch_add(1, Relaxed);
             self.p.stats.record(Stage::Publish, f.sent.elapsed().as_secs_f64() * 1e3);
-            if let Some(e) = &error {
-                self.p.events.emit(EventBody::PublishRefused { topic: f.msg.topic.clone(), reason: e.clone() });
-            }
+            self.careful = self.careful.saturating_sub(1);
+        }
+        if let Origin::Spool(id) = &f.msg.origin {
+            self.suspects.remove(id);
         }
         match f.msg.origin {
             Origin::Live(c) => {
@@ -392,7 +460,9 @@ impl Publisher {
     fn requeue(&mut self, msg: Msg) {
         match msg.origin {
             Origin::Spool(_) => self.p.spool.rewind(),
-            Origin::Live(_) if msg.kind == Kind::Detection => self.spool_msg(msg),
+            Origin::Live(_) if msg.kind == Kind::Detection => {
+                self.spool_msg(msg);
+            }
             _ if msg.kind == Kind::Event => self.resend.push_front(msg),
             _ => {}
         }
@@ -402,10 +472,19 @@ impl Publisher {
     /// must be re-sent, then events, then the spool (oldest first).
     fn pump(&mut self) {
         while self.connected && self.window.len() < self.max_inflight() {
+            if self.careful > 0 && self.window.iter().any(|f| f.msg.kind == Kind::Detection) {
+                break;
+            }
             let msg = if let Some(m) = self.resend.pop_front() {
                 m
             } else {
                 match self.p.spool.next_unsent() {
+                    Ok(Some(e)) if self.suspects.get(&e.id).is_some_and(|&n| n >= POISON_DROPS) => {
+                        let reason =
+                            format!("the broker dropped the connection each of the {POISON_DROPS} times this message was sent alone");
+                        self.dead_letter(e.topic, &e.payload, Origin::Spool(e.id), reason);
+                        continue;
+                    }
                     Ok(Some(e)) => Msg {
                         topic: e.topic,
                         payload: e.payload,

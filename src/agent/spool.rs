@@ -1,5 +1,7 @@
 //! Bounded on-disk spool for messages produced while the broker is unreachable: one fsynced
 //! file per message, named by a monotonic id, replayed in id order and deleted once acknowledged.
+//! Messages the broker refuses go to a dead-letter folder inside the spool (`dead/`, at most
+//! [`MAX_DEAD_LETTERS`], oldest dropped first) with the reason beside each, never retried.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -33,6 +35,12 @@ pub struct Spool {
 }
 
 const EXT: &str = "msg";
+
+/// The dead-letter folder, inside the spool folder.
+pub const DEAD_DIR: &str = "dead";
+
+/// Most messages kept in the dead-letter folder; the oldest go first.
+pub const MAX_DEAD_LETTERS: usize = 1000;
 
 /// The largest message id taken from a spool file's name (2^53: at a million messages a second,
 /// 285 years of them).
@@ -140,6 +148,63 @@ impl Spool {
         Ok(())
     }
 
+    /// Moves entry `id` to the dead-letter folder, with `reason` beside it; returns its new path.
+    pub fn dead_letter(&mut self, id: u64, reason: &str) -> Result<PathBuf, SpoolError> {
+        let from = self.file(id);
+        let to = self.dead_path(id)?;
+        let io = |source| SpoolError::Io { path: to.clone(), source };
+        self.write_reason(id, reason)?;
+        fs::rename(&from, &to).map_err(io)?;
+        if let Some(len) = self.entries.remove(&id) {
+            self.bytes -= len;
+        }
+        self.trim_dead();
+        Ok(to)
+    }
+
+    /// Writes a message that was never spooled straight to the dead-letter folder.
+    pub fn dead_letter_new(&mut self, topic: &str, payload: &[u8], reason: &str) -> Result<PathBuf, SpoolError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let to = self.dead_path(id)?;
+        let io = |source| SpoolError::Io { path: to.clone(), source };
+        self.write_reason(id, reason)?;
+        let mut f = File::create(&to).map_err(io)?;
+        f.write_all(&(topic.len() as u32).to_le_bytes()).map_err(io)?;
+        f.write_all(topic.as_bytes()).map_err(io)?;
+        f.write_all(payload).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        self.trim_dead();
+        Ok(to)
+    }
+
+    fn dead_path(&self, id: u64) -> Result<PathBuf, SpoolError> {
+        let dir = self.dir.join(DEAD_DIR);
+        fs::create_dir_all(&dir).map_err(|source| SpoolError::Io { path: dir.clone(), source })?;
+        Ok(dir.join(format!("{id:020}.{EXT}")))
+    }
+
+    fn write_reason(&self, id: u64, reason: &str) -> Result<(), SpoolError> {
+        let path = self.dir.join(DEAD_DIR).join(format!("{id:020}.reason"));
+        fs::write(&path, format!("{reason}\n")).map_err(|source| SpoolError::Io { path, source })
+    }
+
+    /// Keeps the newest [`MAX_DEAD_LETTERS`] dead letters.
+    fn trim_dead(&self) {
+        let dir = self.dir.join(DEAD_DIR);
+        let Ok(rd) = fs::read_dir(&dir) else { return };
+        let mut ids: Vec<String> =
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(&format!(".{EXT}")).map(String::from)).collect();
+        if ids.len() <= MAX_DEAD_LETTERS {
+            return;
+        }
+        ids.sort();
+        for id in &ids[..ids.len() - MAX_DEAD_LETTERS] {
+            let _ = fs::remove_file(dir.join(format!("{id}.{EXT}")));
+            let _ = fs::remove_file(dir.join(format!("{id}.reason")));
+        }
+    }
+
     /// After a disconnect: entries handed out but not acknowledged are sent again, in order.
     pub fn rewind(&mut self) {
         self.cursor = self.entries.keys().next().copied().unwrap_or(self.next_id);
@@ -178,6 +243,33 @@ mod tests {
         assert_eq!(s.next_unsent().unwrap().unwrap().payload, b"m1");
         let id = s.append("t/b", b"m3").unwrap();
         assert!(id > b.id);
+    }
+
+    #[test]
+    fn refused_messages_go_to_the_dead_letter_folder_and_stay_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Spool::open(d.path(), 1 << 20).unwrap();
+        let a = s.append("t/a", b"poison").unwrap();
+        let b = s.append("t/a", b"fine").unwrap();
+        let moved = s.dead_letter(a, "NotAuthorized").unwrap();
+        assert_eq!(moved, d.path().join(DEAD_DIR).join(format!("{a:020}.{EXT}")));
+        assert_eq!(std::fs::read_to_string(moved.with_extension("reason")).unwrap(), "NotAuthorized\n");
+        // the rest of the spool goes on; the dead letter is never handed out again
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.next_unsent().unwrap().unwrap().id, b);
+        s.rewind();
+        let live = s.dead_letter_new("t/b", b"live", "PacketTooLarge").unwrap();
+        assert!(std::fs::read(&live).unwrap().ends_with(b"t/blive"));
+        drop(s);
+        // a reopened spool does not take dead letters for entries
+        let mut s = Spool::open(d.path(), 1 << 20).unwrap();
+        assert_eq!(s.len(), 1);
+        for i in 0..MAX_DEAD_LETTERS + 5 {
+            s.dead_letter_new("t", format!("{i}").as_bytes(), "x").unwrap();
+        }
+        let kept = std::fs::read_dir(d.path().join(DEAD_DIR)).unwrap().count();
+        assert_eq!(kept, 2 * MAX_DEAD_LETTERS, "messages and reasons");
+        assert!(!live.exists(), "the oldest went first");
     }
 
     #[test]

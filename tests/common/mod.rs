@@ -583,3 +583,94 @@ pub fn run_demo(dir: &Path, args: &[&str], timeout: Duration) -> DemoRun {
     };
     DemoRun { code, stdout: std::fs::read_to_string(&out).unwrap(), stderr: std::fs::read_to_string(&err).unwrap() }
 }
+
+/// A minimal MQTT 3.1.1 broker for one behaviour no real broker can be told to have: it drops
+/// the connection whenever a QoS 1 PUBLISH carries `poison` in its payload, and acknowledges
+/// and records every other one. Everything else the agent sends (CONNECT, PINGREQ, DISCONNECT)
+/// gets its normal answer.
+pub struct PoisonBroker {
+    pub port: u16,
+    pub published: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    pub drops: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl PoisonBroker {
+    pub fn start(poison: &'static [u8]) -> PoisonBroker {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let published = Arc::new(Mutex::new(Vec::new()));
+        let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (p, d) = (published.clone(), drops.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (p, d) = (p.clone(), d.clone());
+                std::thread::spawn(move || Self::serve(stream, poison, &p, &d));
+            }
+        });
+        PoisonBroker { port, published, drops }
+    }
+
+    fn serve(mut s: std::net::TcpStream, poison: &[u8], published: &Mutex<Vec<(String, Vec<u8>)>>, drops: &std::sync::atomic::AtomicUsize) {
+        use std::io::Read;
+        loop {
+            let mut head = [0u8; 1];
+            if s.read_exact(&mut head).is_err() {
+                return;
+            }
+            let (mut len, mut shift) = (0usize, 0);
+            loop {
+                let mut b = [0u8; 1];
+                if s.read_exact(&mut b).is_err() || shift > 21 {
+                    return;
+                }
+                len |= ((b[0] & 0x7f) as usize) << shift;
+                shift += 7;
+                if b[0] & 0x80 == 0 {
+                    break;
+                }
+            }
+            let mut body = vec![0u8; len];
+            if s.read_exact(&mut body).is_err() {
+                return;
+            }
+            let reply: Vec<u8> = match head[0] >> 4 {
+                1 => vec![0x20, 0x02, 0x00, 0x00],
+                3 => {
+                    let qos = (head[0] >> 1) & 3;
+                    let tlen = u16::from_be_bytes([body[0], body[1]]) as usize;
+                    let topic = String::from_utf8_lossy(&body[2..2 + tlen]).into_owned();
+                    let at = 2 + tlen + if qos > 0 { 2 } else { 0 };
+                    let payload = body[at..].to_vec();
+                    if payload.windows(poison.len()).any(|w| w == poison) {
+                        drops.fetch_add(1, Ordering::SeqCst);
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        return;
+                    }
+                    published.lock().unwrap().push((topic, payload));
+                    if qos == 1 {
+                        vec![0x40, 0x02, body[2 + tlen], body[3 + tlen]]
+                    } else {
+                        vec![]
+                    }
+                }
+                12 => vec![0xD0, 0x00],
+                14 => return,
+                _ => vec![],
+            };
+            if !reply.is_empty() && s.write_all(&reply).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Payloads published on topics ending in `suffix`.
+    pub fn on(&self, suffix: &str) -> Vec<serde_json::Value> {
+        self.published
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| t.ends_with(suffix) || t.contains(suffix))
+            .filter_map(|(_, p)| serde_json::from_slice(p).ok())
+            .collect()
+    }
+}
