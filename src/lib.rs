@@ -38,7 +38,7 @@ mod layering {
         ("units", &[]),
         ("env", &[]),
         ("files", &[]),
-        ("vision", &[]),
+        ("vision", &["files"]),
         ("backend", &["vision", "units", "env", "files"]),
         ("weights", &["model", "backend", "vision", "units", "env", "files"]),
         ("model", &["weights", "backend", "vision", "units", "env", "files"]),

@@ -2,7 +2,8 @@
 //! letterbox ([`preprocess`]), confidence filtering, NMS and mapping back to the picture
 //! ([`postprocess`]), and drawing boxes for people ([`annotate`]).
 //!
-//! May use: the `image` crate, the standard library. Knows nothing of devices or the model.
+//! May use: the `image` crate, the standard library, `crate::files` (bounded reads). Knows
+//! nothing of devices or the model.
 
 pub mod annotate;
 pub mod postprocess;

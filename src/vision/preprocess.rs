@@ -104,13 +104,14 @@ fn jpeg_is_complete(b: &[u8]) -> bool {
     matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
-/// Reads and decodes an image file.
+/// Reads and decodes an image file: a regular file (a FIFO or a device in a hot folder is an
+/// error, not a read that never ends) of at most `limits.max_bytes`.
 pub fn load_image(path: &Path, limits: &DecodeLimits) -> Result<RgbImage, ImageError> {
     let meta = std::fs::metadata(path)?;
-    if meta.len() > limits.max_bytes {
+    if meta.is_file() && meta.len() > limits.max_bytes {
         return Err(ImageError::TooLarge { size: meta.len(), limit: limits.max_bytes });
     }
-    decode_image(&std::fs::read(path)?, limits)
+    decode_image(&crate::files::read_bounded(path, limits.max_bytes)?, limits)
 }
 
 /// Where the original picture sits inside the letterboxed square.
@@ -310,6 +311,17 @@ mod tests {
         // over the side limit, the dimensions error comes first
         let e = decode_image(&jpeg_claiming(20000, 100), &DecodeLimits::default()).unwrap_err().to_string();
         assert!(e.contains("20000x100") && e.contains("above the limit"), "{e}");
+    }
+
+    #[test]
+    fn only_regular_files_are_read_as_pictures() {
+        let e = load_image(Path::new("/dev/zero"), &DecodeLimits::default()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.jpg");
+        std::fs::write(&big, vec![0u8; 2000]).unwrap();
+        let limits = DecodeLimits { max_bytes: 1000, ..DecodeLimits::default() };
+        assert!(matches!(load_image(&big, &limits), Err(ImageError::TooLarge { size: 2000, limit: 1000 })));
     }
 
     #[test]
