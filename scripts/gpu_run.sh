@@ -80,7 +80,7 @@ if has parity; then
   say "## parity (yolov9t-ball.pt, horses + volleyball-court, batch $pb)"
   for i in horses volleyball-court; do "$BIN" letterbox ""$DEV"/$i.jpg" --imgsz 640 --out "$W/lb-$i.npy" 2>>"$W/parity.log"; done
   for dt in f32 f16; do
-    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --batch $pb --conf "${PARITY_CONF:-0.01}" --raw-out "$W/raw-$dt-b$pb.npy" --json "$W/dets-$dt-b$pb.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
+    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --fit square --batch $pb --conf "${PARITY_CONF:-0.01}" --raw-out "$W/raw-$dt-b$pb.npy" --json "$W/dets-$dt-b$pb.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
   done
   timeout 300 python3 "$HERE/gpu_parity.py" --lb "$W/lb-horses.npy" "$W/lb-volleyball-court.npy" --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
     --ours-f32 "$W/raw-f32-b$pb.npy" --ours-f16 "$W/raw-f16-b$pb.npy" --dets-f16 "$W/dets-f16-b$pb.jsonl" --model "$DEV"/yolov9t-ball.pt --conf "${PARITY_CONF:-0.01}" --out "$W/parity-b$pb.json" 2>>"$W/parity.log" | tee -a "$SUM"

@@ -77,7 +77,7 @@ def main():
         row = {"variant": v, "torch_f32_vs_f64": rel_l2(ref32, ref64)}
         for dt in ("f32", "f16"):
             raw = work / f"raw-{v}-{dt}.npy"
-            cmd = [binary, "detect", "--model", str(ck), "--device", a.device, "--dtype", dt, "--imgsz", "640",
+            cmd = [binary, "detect", "--model", str(ck), "--device", a.device, "--dtype", dt, "--imgsz", "640", "--fit", "square",
                    "--batch", str(len(a.images)), "--raw-out", str(raw), *a.images]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if r.returncode not in (0,) or not raw.exists():

@@ -36,9 +36,13 @@ pub struct DetectArgs {
     iou: f32,
     #[arg(long, default_value_t = 300)]
     max_det: usize,
-    /// Pictures per forward pass.
+    /// Pictures per forward pass (pictures of one input shape share a pass).
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// How pictures fit the network input: rect (the reference's `predict` default: the long
+    /// side to imgsz, the short side padded to a multiple of 32) or square (imgsz x imgsz).
+    #[arg(long, default_value = "rect")]
+    fit: preprocess::Fit,
     /// Write JSON Lines here (`-` for stdout), one object per input, in input order.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -83,26 +87,33 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
             .par_iter()
             .map(|p| {
                 let img = preprocess::load_image(p, &limits).map_err(|e| e.to_string())?;
-                let lb = preprocess::letterbox(&img, a.imgsz as u32);
+                let lb = preprocess::letterbox_fit(&img, a.imgsz as u32, a.fit);
                 Ok((img, lb))
             })
             .collect();
+        // one forward pass per input shape, in order of first appearance; records stay in input order
         let ok: Vec<&Letterboxed> = prepared.iter().filter_map(|r| r.as_ref().ok().map(|(_, lb)| lb)).collect();
-        let mut results = if ok.is_empty() {
-            Vec::new()
-        } else {
-            let raw = det.raw(&ok).context("forward pass")?;
+        let mut shapes: Vec<(u32, u32)> = Vec::new();
+        for lb in &ok {
+            let s = (lb.geometry.in_w, lb.geometry.in_h);
+            if !shapes.contains(&s) {
+                shapes.push(s);
+            }
+        }
+        let mut by_picture: Vec<Option<Vec<yolo_edge::vision::postprocess::Detection>>> = vec![None; ok.len()];
+        for shape in shapes {
+            let idx: Vec<usize> = (0..ok.len()).filter(|&i| (ok[i].geometry.in_w, ok[i].geometry.in_h) == shape).collect();
+            let group: Vec<&Letterboxed> = idx.iter().map(|&i| ok[i]).collect();
+            let raw = det.raw(&group).context("forward pass")?;
             let cands = det.candidates(&raw, th.conf)?;
             if a.raw_out.is_some() {
                 raws.push(raw.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?);
             }
-            cands
-                .into_iter()
-                .zip(&ok)
-                .map(|(c, lb)| yolo_edge::vision::postprocess::finish(c, &th, &lb.geometry, &det.info().names))
-                .collect()
+            for (c, &i) in cands.into_iter().zip(&idx) {
+                by_picture[i] = Some(yolo_edge::vision::postprocess::finish(c, &th, &ok[i].geometry, &det.info().names));
+            }
         }
-        .into_iter();
+        let mut results = by_picture.into_iter().map(Option::unwrap_or_default);
         for (path, prep) in chunk.iter().zip(prepared) {
             let record = match prep {
                 Err(e) => {
@@ -134,6 +145,10 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
         if raws.is_empty() {
             eprintln!("warning: no picture decoded, {} not written", p.display());
         } else {
+            anyhow::ensure!(
+                raws.iter().all(|r| r.dims()[1..] == raws[0].dims()[1..]),
+                "--raw-out needs one input shape for every picture: use --fit square, or pictures of one shape"
+            );
             Tensor::cat(&raws, 0)?.write_npy(p).with_context(|| format!("writing {}", p.display()))?;
         }
     }

@@ -102,18 +102,25 @@ impl Detector {
         self.model.dtype()
     }
 
-    /// Stacks letterboxed pictures into the normalised network input `(B, 3, S, S)` on the device.
+    /// Stacks letterboxed pictures, all of one input shape, into the normalised network input
+    /// `(B, 3, H, W)` on the device.
     pub fn input(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
         let _arena = crate::backend::serve_arena(self.device());
-        let s = self.imgsz;
+        let Some(first) = batch.first() else { candle_core::bail!("empty batch") };
+        let (w, h) = (first.geometry.in_w as usize, first.geometry.in_h as usize);
         let mut parts = Vec::with_capacity(batch.len());
         for lb in batch {
-            if lb.geometry.size as usize != s || lb.pixels.len() != s * s * 3 {
-                candle_core::bail!("picture letterboxed to {} ({} bytes), model runs at {s}", lb.geometry.size, lb.pixels.len());
+            let (lw, lh) = (lb.geometry.in_w as usize, lb.geometry.in_h as usize);
+            if (lw, lh) != (w, h) || lb.pixels.len() != w * h * 3 || w.max(h) > self.imgsz || w % 32 != 0 || h % 32 != 0 {
+                candle_core::bail!(
+                    "picture letterboxed to {lw}x{lh} ({} bytes) in a batch of {w}x{h}; the model runs at multiples of 32 up to {}",
+                    lb.pixels.len(),
+                    self.imgsz
+                );
             }
             parts.push(lb.pixels.as_slice());
         }
-        let x = self.uploader.upload(&parts, (batch.len(), s, s, 3), self.device())?;
+        let x = self.uploader.upload(&parts, (batch.len(), h, w, 3), self.device())?;
         // u8 -> dtype and /255 on the device, NHWC -> NCHW: on CUDA one kernel
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {

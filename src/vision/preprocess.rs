@@ -114,14 +114,42 @@ pub fn load_image(path: &Path, limits: &DecodeLimits) -> Result<RgbImage, ImageE
     decode_image(&crate::files::read_bounded(path, limits.max_bytes)?, limits)
 }
 
-/// Where the original picture sits inside the letterboxed square.
+/// How pictures are fitted to the network input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fit {
+    /// The reference's `predict` default (`LetterBox(auto=True)`): scaled to fit `imgsz` on the
+    /// long side, the short side padded to the next multiple of the model's largest stride. A
+    /// 1280x720 frame runs at 640x384, a 640x480 photo at 640x480.
+    #[default]
+    Rect,
+    /// Padded to an `imgsz` square (`LetterBox(auto=False)`).
+    Square,
+}
+
+impl std::str::FromStr for Fit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rect" => Ok(Fit::Rect),
+            "square" => Ok(Fit::Square),
+            _ => Err(format!("`{s}` is not a letterbox fit (rect or square)")),
+        }
+    }
+}
+
+/// The largest stride of every YOLOv9 variant: rectangles are padded to multiples of it.
+pub const STRIDE: u32 = 32;
+
+/// Where the original picture sits inside the network input.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LetterboxGeometry {
     pub orig_w: u32,
     pub orig_h: u32,
-    /// Side of the square network input.
-    pub size: u32,
-    /// Width and height of the resized picture inside the square.
+    /// Width and height of the network input.
+    pub in_w: u32,
+    pub in_h: u32,
+    /// Width and height of the resized picture inside the input.
     pub new_w: u32,
     pub new_h: u32,
     /// Left and top padding, in pixels.
@@ -130,40 +158,63 @@ pub struct LetterboxGeometry {
 }
 
 impl LetterboxGeometry {
-    /// The reference's geometry (`LetterBox(auto=False, scale_fill=False, scaleup=True, center=True)`),
-    /// including Python's round-half-to-even.
+    /// The reference's square geometry (`LetterBox(auto=False, scale_fill=False, scaleup=True,
+    /// center=True)`), including Python's round-half-to-even.
     pub fn new(orig_w: u32, orig_h: u32, size: u32) -> Self {
+        Self::fit(orig_w, orig_h, size, Fit::Square)
+    }
+
+    /// The reference's geometry for `fit`: the picture scaled by `min(size/h, size/w)`, each side
+    /// rounded half to even; the padding around it the whole rest of the square (`Square`) or
+    /// only what reaches the next multiple of [`STRIDE`] (`Rect`, `LetterBox(auto=True)`), split
+    /// as `round(d/2 - 0.1)` before and the rest after.
+    pub fn fit(orig_w: u32, orig_h: u32, size: u32, fit: Fit) -> Self {
         let r = f64::min(size as f64 / orig_h as f64, size as f64 / orig_w as f64);
         let new_w = ((orig_w as f64 * r).round_ties_even() as u32).clamp(1, size);
         let new_h = ((orig_h as f64 * r).round_ties_even() as u32).clamp(1, size);
-        let left = ((size - new_w) as f64 / 2.0 - 0.1).round_ties_even() as u32;
-        let top = ((size - new_h) as f64 / 2.0 - 0.1).round_ties_even() as u32;
-        Self { orig_w, orig_h, size, new_w, new_h, left, top }
+        let (dw, dh) = match fit {
+            Fit::Square => (size - new_w, size - new_h),
+            Fit::Rect => ((size - new_w) % STRIDE, (size - new_h) % STRIDE),
+        };
+        let left = (dw as f64 / 2.0 - 0.1).round_ties_even() as u32;
+        let top = (dh as f64 / 2.0 - 0.1).round_ties_even() as u32;
+        Self { orig_w, orig_h, in_w: new_w + dw, in_h: new_h + dh, new_w, new_h, left, top }
     }
 
     /// Maps a box from network-input pixels back to original-image pixels, clipped to the image
-    /// (the reference's `scale_boxes` + `clip_boxes`).
+    /// (the reference's `scale_boxes` + `clip_boxes`, which recompute gain and padding from the
+    /// input and original shapes).
     pub fn unletterbox(&self, b: [f32; 4]) -> [f32; 4] {
-        let gx = self.new_w as f64 / self.orig_w as f64;
-        let gy = self.new_h as f64 / self.orig_h as f64;
         let (w, h) = (self.orig_w as f64, self.orig_h as f64);
-        let f = |v: f32, pad: u32, g: f64, max: f64| (((v as f64) - pad as f64) / g).clamp(0.0, max) as f32;
-        [f(b[0], self.left, gx, w), f(b[1], self.top, gy, h), f(b[2], self.left, gx, w), f(b[3], self.top, gy, h)]
+        let gain = f64::min(self.in_h as f64 / h, self.in_w as f64 / w);
+        let new_w = (w * gain).round_ties_even().max(1.0);
+        let new_h = (h * gain).round_ties_even().max(1.0);
+        let (gx, gy) = (new_w / w, new_h / h);
+        let pad_x = ((self.in_w as f64 - new_w) / 2.0 - 0.1).round_ties_even();
+        let pad_y = ((self.in_h as f64 - new_h) / 2.0 - 0.1).round_ties_even();
+        let f = |v: f32, pad: f64, g: f64, max: f64| ((v as f64 - pad) / g).clamp(0.0, max) as f32;
+        [f(b[0], pad_x, gx, w), f(b[1], pad_y, gy, h), f(b[2], pad_x, gx, w), f(b[3], pad_y, gy, h)]
     }
 }
 
-/// A picture letterboxed to the network's square input, HWC RGB u8 (normalised on the device).
+/// A picture letterboxed to the network input, HWC RGB u8 (normalised on the device).
 #[derive(Debug, Clone)]
 pub struct Letterboxed {
     pub pixels: Vec<u8>,
     pub geometry: LetterboxGeometry,
 }
 
-/// Resizes with OpenCV's INTER_LINEAR fixed-point arithmetic and pads with 114, centred.
+/// Letterboxes to an `imgsz` square (see [`letterbox_fit`]).
 pub fn letterbox(img: &RgbImage, size: u32) -> Letterboxed {
-    let geometry = LetterboxGeometry::new(img.width(), img.height(), size);
-    let s = size as usize;
-    let mut pixels = vec![PAD_VALUE; s * s * 3];
+    letterbox_fit(img, size, Fit::Square)
+}
+
+/// Resizes with OpenCV's INTER_LINEAR fixed-point arithmetic and pads with 114, centred, to the
+/// input [`LetterboxGeometry::fit`] gives.
+pub fn letterbox_fit(img: &RgbImage, size: u32, fit: Fit) -> Letterboxed {
+    let geometry = LetterboxGeometry::fit(img.width(), img.height(), size, fit);
+    let (iw, ih) = (geometry.in_w as usize, geometry.in_h as usize);
+    let mut pixels = vec![PAD_VALUE; iw * ih * 3];
     let resized;
     let src: &[u8] = if (geometry.new_w, geometry.new_h) == (img.width(), img.height()) {
         img.as_raw()
@@ -174,7 +225,7 @@ pub fn letterbox(img: &RgbImage, size: u32) -> Letterboxed {
     };
     let row = geometry.new_w as usize * 3;
     for y in 0..geometry.new_h as usize {
-        let dst = ((y + geometry.top as usize) * s + geometry.left as usize) * 3;
+        let dst = ((y + geometry.top as usize) * iw + geometry.left as usize) * 3;
         pixels[dst..dst + row].copy_from_slice(&src[y * row..(y + 1) * row]);
     }
     Letterboxed { pixels, geometry }
@@ -263,6 +314,32 @@ mod tests {
         // odd padding: 641 -> top = round(dh - 0.1)
         let g = LetterboxGeometry::new(100, 99, 64);
         assert_eq!((g.new_w, g.new_h, g.top), (64, 63, 0));
+    }
+
+    #[test]
+    fn rect_geometry_matches_reference_rounding() {
+        // ultralytics LetterBox((640, 640), auto=True, stride=32)
+        let g = LetterboxGeometry::fit(1280, 720, 640, Fit::Rect);
+        assert_eq!((g.in_w, g.in_h, g.new_w, g.new_h, g.left, g.top), (640, 384, 640, 360, 0, 12));
+        let g = LetterboxGeometry::fit(640, 480, 640, Fit::Rect);
+        assert_eq!((g.in_w, g.in_h, g.left, g.top), (640, 480, 0, 0));
+        // portrait, sides not multiples of 32: 773x1031 -> 480x640, new 480x640
+        let g = LetterboxGeometry::fit(773, 1031, 640, Fit::Rect);
+        assert_eq!((g.in_w, g.in_h, g.new_w, g.new_h, g.left, g.top), (480, 640, 480, 640, 0, 0));
+        // 773x512 -> 640x424 padded by 24: top round(11.9) = 12, bottom 12
+        let g = LetterboxGeometry::fit(773, 512, 640, Fit::Rect);
+        assert_eq!((g.in_w, g.in_h, g.top), (640, 448, 12));
+        // an odd pad: 1000x597 -> 640x382, dh = 258 % 32 = 2 -> top round(0.9) = 1
+        let g = LetterboxGeometry::fit(1000, 597, 640, Fit::Rect);
+        assert_eq!((g.in_h, g.new_h, g.top), (384, 382, 1));
+        for (w, h) in [(1280, 720), (773, 1031), (1000, 597), (333, 333), (50, 900)] {
+            let g = LetterboxGeometry::fit(w, h, 640, Fit::Rect);
+            assert!(g.in_w % STRIDE == 0 && g.in_h % STRIDE == 0 && g.in_w.max(g.in_h) == 640, "{g:?}");
+            let b = g.unletterbox([g.left as f32, g.top as f32, (g.left + g.new_w) as f32, (g.top + g.new_h) as f32]);
+            for (v, e) in b.iter().zip([0.0, 0.0, w as f32, h as f32]) {
+                assert!((v - e).abs() < 1e-3, "{w}x{h}: {b:?}");
+            }
+        }
     }
 
     #[test]

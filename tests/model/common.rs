@@ -40,11 +40,11 @@ pub fn assert_same_inputs(lbs: &[Letterboxed], g: &Value) {
     }
 }
 
-/// Normalised `(B, 3, S, S)` f32 input on the CPU.
+/// Normalised `(B, 3, H, W)` f32 input on the CPU.
 pub fn input_tensor(lbs: &[Letterboxed]) -> Tensor {
-    let s = lbs[0].geometry.size as usize;
+    let (w, h) = (lbs[0].geometry.in_w as usize, lbs[0].geometry.in_h as usize);
     let bytes: Vec<u8> = lbs.iter().flat_map(|l| l.pixels.iter().copied()).collect();
-    (Tensor::from_vec(bytes, (lbs.len(), s, s, 3), &Device::Cpu)
+    (Tensor::from_vec(bytes, (lbs.len(), h, w, 3), &Device::Cpu)
         .unwrap()
         .to_dtype(DType::F32)
         .unwrap()

@@ -12,6 +12,7 @@ use candle_core::{DType, Device};
 use yolo_edge::detector::Detector;
 use yolo_edge::model::{calibrate_batchnorm, BuildOptions, YoloV9};
 use yolo_edge::vision::postprocess::Thresholds;
+use yolo_edge::vision::preprocess::{self, DecodeLimits, Fit};
 use yolo_edge::weights::{Checkpoint, SourceFormat};
 
 use crate::common::*;
@@ -136,4 +137,59 @@ fn real_checkpoint_detections_match_reference() {
         assert_eq!(extra, theirs_above, "image {img}: {extra} boxes above {} here, {theirs_above} in the reference", th.conf + 0.01);
     }
     assert!(matched > 0, "no detections compared");
+}
+
+/// The rect letterbox against ultralytics `predict` at its defaults (and at conf 0.01, for boxes
+/// near the threshold), box for box: same classes, IoU >= 0.99, confidence within 1e-3, on photos
+/// of five aspect ratios (3:2, 16:9, portrait, 4:3, square; sides not multiples of 32), decoded
+/// by yolo-edge on both sides. Golden: `scripts/make_rect_goldens.py`.
+#[test]
+fn rect_letterbox_detections_match_predict_box_for_box() {
+    use sha2::Digest;
+    let hex = |b: &[u8]| sha2::Sha256::digest(b).iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let g = golden("rect_yolov9t_ball.json");
+    let det = real_model(DType::F32);
+    let mut compared = 0;
+    for case in g["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let mut img = preprocess::load_image(&fixture(case["image"].as_str().unwrap()), &DecodeLimits::default()).unwrap();
+        if let Some(c) = case["crop"].as_array() {
+            let c: Vec<u32> = c.iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            img = image::imageops::crop_imm(&img, c[0], c[1], c[2], c[3]).to_image();
+        }
+        assert_eq!(hex(img.as_raw()), case["decoded_sha256"].as_str().unwrap(), "{name}: decoded pixels differ from the golden's");
+        let lb = preprocess::letterbox_fit(&img, 640, Fit::Rect);
+        let shape = [lb.geometry.in_h as u64, lb.geometry.in_w as u64];
+        assert_eq!(
+            shape.to_vec(),
+            case["input_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect::<Vec<_>>(),
+            "{name}"
+        );
+        assert_eq!(hex(&lb.pixels), case["input_sha256"].as_str().unwrap(), "{name}: rect letterbox differs from the reference's");
+        let raw = det.raw(&[&lb]).unwrap();
+        let (rel, sums) = compare_to_golden(&raw, &case["raw"]);
+        assert!(rel <= 2e-4 && sums <= 2e-4, "{name}: raw output rel {rel:.3e}, sums {sums:.3e}");
+        for (key, conf) in [("predict_default", 0.25), ("predict_conf_0_01", 0.01)] {
+            let th = Thresholds { conf, iou: 0.7, max_det: 300 };
+            let mine = &det.detect(&[&lb], &th).unwrap()[0];
+            let theirs = case[key].as_array().unwrap();
+            assert_eq!(mine.len(), theirs.len(), "{name} {key}: {mine:?} vs {theirs:?}");
+            for (d, r) in mine.iter().zip(theirs) {
+                let rb: Vec<f32> = r["box"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+                let rb = [rb[0], rb[1], rb[2], rb[3]];
+                let rc = r["confidence"].as_f64().unwrap() as f32;
+                assert_eq!(d.class_id as u64, r["class_id"].as_u64().unwrap(), "{name} {key}");
+                let o = iou(&d.bbox, &rb);
+                assert!(
+                    o >= 0.99 && (d.confidence - rc).abs() <= 1e-3,
+                    "{name} {key}: {:?} {} vs {rb:?} {rc} (IoU {o})",
+                    d.bbox,
+                    d.confidence
+                );
+                compared += 1;
+            }
+        }
+        eprintln!("{name}: input {}x{}, raw rel {rel:.1e}", lb.geometry.in_w, lb.geometry.in_h);
+    }
+    assert!(compared >= 10, "only {compared} boxes compared");
 }
