@@ -538,6 +538,86 @@ fn refused_and_poisoned_messages_are_dead_lettered_and_the_uplink_goes_on() {
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
 
+/// The agent letterboxes as `detect` does (rect by default): 1280x720 frames, mixed in one batch
+/// with 960x720 ones (two input shapes, one pass each), give the same detections as `yolo-edge
+/// detect` on the same files.
+#[test]
+fn agent_rect_frames_match_detect() {
+    let tmp = tempfile::tempdir().unwrap();
+    let court = image::open(fixture("volleyball-court.jpg")).unwrap().to_rgb8();
+    let frames = tmp.path().join("frames");
+    std::fs::create_dir_all(&frames).unwrap();
+    let mut files = Vec::new();
+    for (i, (x, w)) in [(0, 1280), (640, 1280), (300, 960), (100, 960), (500, 1280), (960, 960)].into_iter().enumerate() {
+        let p = frames.join(format!("frame-{i}.png"));
+        image::imageops::crop_imm(&court, x, 200, w, 720).to_image().save(&p).unwrap();
+        files.push(p);
+    }
+    let json = tmp.path().join("detect.jsonl");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+        .args(["detect", "--device", "cpu", "--imgsz", "640", "--conf", "0.01", "--json"])
+        .arg(&json)
+        .arg("--model")
+        .arg(fixture("yolov9t-ball.pt"))
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want: BTreeMap<String, Vec<yolo_edge::vision::postprocess::Detection>> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let name = std::path::Path::new(v["image"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned();
+            (name, serde_json::from_value(v["detections"].clone()).unwrap())
+        })
+        .collect();
+
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.imgsz = 640;
+    conf.conf = 0.01;
+    conf.batch = 6;
+    conf.max_wait_ms = 2000;
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "info", || !col.on("/info").is_empty());
+    for f in &files {
+        std::fs::copy(f, conf.input.join(format!(".{}.tmp", f.file_name().unwrap().to_string_lossy()))).unwrap();
+    }
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        std::fs::rename(conf.input.join(format!(".{name}.tmp")), conf.input.join(&name)).unwrap();
+    }
+    wait_until(T, "six detections messages", || col.detections().len() >= 6);
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert!(
+        dets.iter().any(|d| d.batch_size > 1),
+        "the frames never shared a batch: {:?}",
+        dets.iter().map(|d| d.batch_size).collect::<Vec<_>>()
+    );
+    let mut boxes = 0;
+    for d in &dets {
+        let name = image_name(d);
+        let theirs = &want[&name];
+        assert_eq!(d.detections.len(), theirs.len(), "{name}");
+        for (a, b) in d.detections.iter().zip(theirs) {
+            assert_eq!(a.class_id, b.class_id, "{name}");
+            let iw = (a.bbox[2].min(b.bbox[2]) - a.bbox[0].max(b.bbox[0])).max(0.0);
+            let ih = (a.bbox[3].min(b.bbox[3]) - a.bbox[1].max(b.bbox[1])).max(0.0);
+            let area = |x: &[f32; 4]| (x[2] - x[0]) * (x[3] - x[1]);
+            let iou = iw * ih / (area(&a.bbox) + area(&b.bbox) - iw * ih);
+            assert!(iou >= 0.99 && (a.confidence - b.confidence).abs() <= 1e-3, "{name}: {a:?} vs {b:?}");
+            boxes += 1;
+        }
+    }
+    assert!(boxes >= 6, "only {boxes} boxes compared");
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
 /// CA + server certificate for 127.0.0.1/localhost, written as PEM files; returns the CA PEM.
 fn make_certs(dir: &std::path::Path) -> Vec<u8> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};

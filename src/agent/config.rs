@@ -13,6 +13,7 @@ use crate::units::ByteSize;
 use sha2::{Digest, Sha256};
 
 use crate::vision::postprocess::Thresholds;
+use crate::vision::preprocess::Fit;
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,8 @@ struct RawDevice {
     max_wait_ms: Ranged<0, 60_000>,
     #[serde(default)]
     decode_threads: Option<Ranged<1, 256>>,
+    #[serde(default)]
+    fit: Fit,
 }
 
 impl Default for RawDevice {
@@ -85,6 +88,7 @@ impl Default for RawDevice {
             memory_limit: None,
             max_wait_ms: d_max_wait(),
             decode_threads: None,
+            fit: Fit::default(),
         }
     }
 }
@@ -479,6 +483,8 @@ pub struct DeviceConfig {
     pub memory_limit: Option<u64>,
     pub max_wait: Duration,
     pub decode_threads: usize,
+    /// How pictures fit the network input (`rect`, the reference's default, or `square`).
+    pub fit: Fit,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -612,6 +618,7 @@ impl Config {
                 .decode_threads
                 .map(|n| n.0 as usize)
                 .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
+            fit: d.fit,
         };
         if device.memory_fraction <= 0.0 {
             return Err(invalid("device.memory_fraction", "must be above 0".into()));

@@ -19,7 +19,7 @@ use crate::agent::telemetry::{Stage, Stats};
 use crate::backend::oom::{is_oom, OomInjector};
 use crate::detector::Detector;
 use crate::vision::postprocess::Detection;
-use crate::vision::preprocess::{self, DecodeLimits, Letterboxed};
+use crate::vision::preprocess::{self, DecodeLimits, Fit, Letterboxed};
 
 /// Where a picture came from: a file path or an id (MQTT).
 #[derive(Debug, Clone)]
@@ -163,12 +163,14 @@ impl Pipeline {
         stats.batch_current.store(startup_batch as u64, Relaxed);
         stats.batch_startup.store(startup_batch as u64, Relaxed);
         let limits = c.input.decode_limits();
-        let imgsz = c.device.imgsz as u32;
+        let (imgsz, fit) = (c.device.imgsz as u32, c.device.fit);
         let mut threads = Vec::new();
 
         let st = stats.clone();
         threads.push(
-            std::thread::Builder::new().name("dispatch".into()).spawn(move || dispatch(intake, pool, ordered_tx, limits, imgsz, st))?,
+            std::thread::Builder::new()
+                .name("dispatch".into())
+                .spawn(move || dispatch(intake, pool, ordered_tx, limits, imgsz, fit, st))?,
         );
         let st = stats.clone();
         let max_wait = c.device.max_wait;
@@ -200,7 +202,7 @@ impl Pipeline {
     }
 }
 
-fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32) -> Result<Letterboxed, String> {
+fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<Letterboxed, String> {
     let img = match &job.data {
         JobData::Bytes(b) => preprocess::decode_image(b, limits),
         JobData::File(p) => {
@@ -212,7 +214,7 @@ fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32) -> Result<Letterboxed, S
         }
     }
     .map_err(|e| e.to_string())?;
-    Ok(preprocess::letterbox(&img, imgsz))
+    Ok(preprocess::letterbox_fit(&img, imgsz, fit))
 }
 
 fn dispatch(
@@ -221,6 +223,7 @@ fn dispatch(
     ordered: SyncSender<Receiver<Decoded>>,
     limits: DecodeLimits,
     imgsz: u32,
+    fit: Fit,
     stats: Arc<Stats>,
 ) {
     while let Some(job) = intake.blocking_recv() {
@@ -229,7 +232,7 @@ fn dispatch(
         let (tx, rx) = sync_channel(1);
         pool.spawn(move || {
             let t = Instant::now();
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&job, &limits, imgsz)))
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&job, &limits, imgsz, fit)))
                 .unwrap_or_else(|_| Err("decoder panicked on this input".to_string()));
             let _ = tx.send(Decoded { job, result, ms: t.elapsed().as_secs_f64() * 1e3 });
         });
@@ -304,7 +307,7 @@ impl Worker {
                 self.last_work = Instant::now();
                 self.released = false;
                 self.stats.batches.fetch_add(1, Relaxed);
-                self.infer(&frames, &mut out);
+                self.infer_by_shape(&frames, &mut out);
             }
             let label: Arc<str> = self.model.read().map(|m| Arc::from(m.label.as_str())).unwrap_or_else(|_| Arc::from("unknown"));
             for d in items {
@@ -332,6 +335,32 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Runs `frames` one forward pass per input shape (pictures of different sizes letterbox to
+    /// different rectangles); results in the order of `frames`.
+    fn infer_by_shape(&mut self, frames: &[&Letterboxed], out: &mut VecDeque<FrameResult>) {
+        let shape = |lb: &Letterboxed| (lb.geometry.in_w, lb.geometry.in_h);
+        let mut shapes: Vec<(u32, u32)> = Vec::new();
+        for lb in frames {
+            if !shapes.contains(&shape(lb)) {
+                shapes.push(shape(lb));
+            }
+        }
+        if shapes.len() <= 1 {
+            return self.infer(frames, out);
+        }
+        let mut by_frame: Vec<Option<FrameResult>> = vec![None; frames.len()];
+        for s in shapes {
+            let idx: Vec<usize> = (0..frames.len()).filter(|&i| shape(frames[i]) == s).collect();
+            let group: Vec<&Letterboxed> = idx.iter().map(|&i| frames[i]).collect();
+            let mut part = VecDeque::with_capacity(group.len());
+            self.infer(&group, &mut part);
+            for (i, r) in idx.into_iter().zip(part) {
+                by_frame[i] = Some(r);
+            }
+        }
+        out.extend(by_frame.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".into()))));
     }
 
     /// Runs `frames`, splitting in halves on OOM (same frames, same order) down to one.
