@@ -10,7 +10,7 @@ use crate::agent::events::EventSink;
 use crate::agent::messages::{EventBody, ImageName, InputStage};
 use crate::agent::mqtt::Incoming;
 use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
-use crate::agent::telemetry::Stats;
+use crate::agent::telemetry::{FrameResult, Stats};
 
 /// A configured image topic.
 #[derive(Debug, Clone)]
@@ -87,7 +87,7 @@ pub async fn run(
             (Ok(id), Ok(image)) => (id, image),
             (Err(reason), _) | (_, Err(reason)) => {
                 stats.inputs_rejected.fetch_add(1, Relaxed);
-                stats.frames_failed.fetch_add(1, Relaxed);
+                stats.count_frame(None, FrameResult::Failed);
                 // the topic names the message (MQTT bounds it; a long one is left out of the event)
                 let topic = (m.topic.len() <= 256).then(|| m.topic.clone());
                 events.emit(EventBody::InputRejected { source: None, image: None, topic, stage: InputStage::Intake, reason });
@@ -96,7 +96,7 @@ pub async fn run(
         };
         if m.payload.is_empty() {
             stats.inputs_rejected.fetch_add(1, Relaxed);
-            stats.frames_failed.fetch_add(1, Relaxed);
+            stats.count_frame(Some(&id), FrameResult::Failed);
             events.emit(EventBody::InputRejected {
                 source: Some(id.clone()),
                 image: Some(ImageName::Id { id: image_id }),
