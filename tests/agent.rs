@@ -1,7 +1,9 @@
 //! The edge agent against a real Mosquitto broker: hot folder throughput and schema, broker
 //! restarts, SIGTERM/SIGKILL, config field updates and model swap, TLS + auth, bad input, and
 //! the runtime OOM fallback (driven on the CPU by the test-only injector); `yolo-edge demo` end
-//! to end (embedded broker, or this test's Mosquitto).
+//! to end (embedded broker, or this test's Mosquitto); `/metrics` scraped by a real Prometheus
+//! that answers every dashboard panel's query, promtool on the text and the alert rules, and
+//! `/readyz` during model loads.
 
 mod common;
 
@@ -920,4 +922,168 @@ fn demo_exits_7_when_the_named_broker_is_unreachable() {
     let r = run_demo(tmp.path(), &["--broker", &addr], Duration::from_secs(60));
     assert_eq!(r.code, Some(7), "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains(&format!("cannot reach the MQTT broker at {addr}")), "{}", r.stderr);
+}
+
+/// The dashboard's queries (every target of every panel), with the `instance` variable matching all.
+fn dashboard_exprs() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(manifest().join("deploy/grafana/yolo-edge.json")).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            out.push((p["title"].as_str().unwrap().to_string(), t["expr"].as_str().unwrap().replace("$instance", ".+")));
+        }
+    }
+    out
+}
+
+/// Runs a program, returns (exit code, stdout + stderr).
+fn run_tool(cmd: &mut std::process::Command) -> (Option<i32>, String) {
+    let out = cmd.output().unwrap();
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The readiness answer now: (status, body).
+fn readyz(port: u16) -> Option<(u16, String)> {
+    http_get(port, "/readyz", "*/*").map(|(s, _, b)| (s, b))
+}
+
+#[test]
+fn grafana_dashboard_is_valid_and_every_panel_has_a_datasource_and_a_query() {
+    let text = std::fs::read_to_string(manifest().join("deploy/grafana/yolo-edge.json")).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    assert_eq!(d["__inputs"][0]["name"], "DS_PROMETHEUS", "importable with a Prometheus data source");
+    let panels = d["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    let mut ids = BTreeSet::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or_default();
+        assert!(!title.is_empty(), "a panel without a title: {p}");
+        assert!(ids.insert(p["id"].as_u64().unwrap()), "duplicate panel id in {title}");
+        assert_eq!(p["datasource"]["uid"], "${DS_PROMETHEUS}", "{title}: datasource");
+        assert!(p["gridPos"]["w"].as_u64().unwrap() > 0, "{title}: gridPos");
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}: no query");
+        for t in targets {
+            assert_eq!(t["datasource"]["uid"], "${DS_PROMETHEUS}", "{title}: target datasource");
+            let expr = t["expr"].as_str().unwrap_or_default();
+            assert!(expr.contains("yolo_edge_"), "{title}: query {expr:?}");
+        }
+    }
+    let titles: Vec<&str> = panels.iter().map(|p| p["title"].as_str().unwrap()).collect();
+    for want in [
+        "Device memory against budget and high-water",
+        "Batch size",
+        "OOM fallbacks",
+        "Throughput",
+        "Latency p50 per stage",
+        "Latency p99 per stage",
+        "Queue depth",
+        "Spool",
+        "Broker state",
+    ] {
+        assert!(titles.contains(&want), "no panel {want:?}: {titles:?}");
+    }
+    // every metric the dashboard and the alert rules name is documented
+    let doc = std::fs::read_to_string(manifest().join("docs/monitoring.md")).unwrap();
+    let rules = std::fs::read_to_string(manifest().join("deploy/prometheus/yolo-edge-alerts.yml")).unwrap();
+    for src in [&text, &rules] {
+        for part in src.split("yolo_edge_").skip(1) {
+            let name: String = part.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let base = ["_bucket", "_sum", "_count"].iter().fold(name.clone(), |n, s| n.strip_suffix(s).map(str::to_string).unwrap_or(n));
+            assert!(doc.contains(&format!("yolo_edge_{base}")), "yolo_edge_{base} is not in docs/monitoring.md");
+        }
+    }
+}
+
+#[test]
+fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_model_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let Some(promtool) = prometheus_tool("promtool") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let m1 = tmp.path().join("m1.pt");
+    let m2 = tmp.path().join("m2.pt");
+    std::fs::copy(fixture("yolov9t-ball.pt"), &m1).unwrap();
+    std::fs::copy(fixture("yolov9t-ball.pt"), &m2).unwrap();
+    let port = free_port();
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.model = m1.clone();
+    // planned from memory, so that the budget panel has its figure
+    conf.batch_auto = true;
+    conf.extra = format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n\n[debug]\nmodel_load_delay_ms = 3000\n");
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let t0 = Instant::now();
+    let mut agent = Agent::spawn(&cfg, &[]);
+
+    // alive at once, not ready while the model loads, ready once it serves
+    wait_until(Duration::from_secs(30), "/healthz answers", || http_get(port, "/healthz", "*/*").is_some_and(|r| r.0 == 200));
+    let (status, body) = readyz(port).unwrap();
+    assert_eq!((status, body.as_str()), (503, "not ready: model loading\n"));
+    wait_until(T, "/readyz ready", || readyz(port).is_some_and(|r| r.0 == 200));
+    assert!(t0.elapsed() >= Duration::from_secs(3), "ready before the model was loaded");
+    assert_eq!(readyz(port).unwrap().1, "ready\n");
+
+    let Some(prom) = Prometheus::start(&tmp.path().join("prometheus"), "yolo-edge", &[port]) else { return };
+    let names = drop_images(&conf.input, 0, 60, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "60 detections", || col.detections().len() >= 60);
+    wait_until(T, "files in done/", || files_in(&conf.input.join("done")).len() == names.len());
+
+    // the agent's own figures, through Prometheus
+    let value = |expr: &str| -> Option<f64> { prom.query(expr).first().and_then(|r| r["value"][1].as_str()?.parse().ok()) };
+    wait_until(Duration::from_secs(60), "Prometheus has the 60 pictures", || {
+        value("sum(yolo_edge_frames_total{result=\"ok\",source=\"cam\"})") == Some(60.0)
+    });
+    assert_eq!(value("yolo_edge_ready{job=\"yolo-edge\"}"), Some(1.0));
+    assert_eq!(value("yolo_edge_mqtt_connected"), Some(1.0));
+    assert_eq!(value("sum(yolo_edge_stage_duration_seconds_count{stage=\"decode\"})"), Some(60.0));
+    assert_eq!(value("sum(yolo_edge_stage_duration_seconds_count{stage=\"queue_wait\"})"), Some(60.0));
+    assert!(value("yolo_edge_memory_budget_bytes").unwrap() > 0.0);
+    let planned = value("yolo_edge_batch_size_planned").unwrap();
+    assert!((1.0..=4.0).contains(&planned), "{planned}");
+    assert_eq!(value("count(yolo_edge_model_info{variant=\"yolov9-t\"})"), Some(1.0));
+
+    // every panel's query returns data
+    let exprs = dashboard_exprs();
+    assert!(exprs.len() >= 20, "{} queries", exprs.len());
+    for (title, expr) in &exprs {
+        wait_until(Duration::from_secs(90), &format!("data for panel {title:?}: {expr}"), || !prom.query(expr).is_empty());
+    }
+
+    // the classic text format passes promtool's parser and lint; OpenMetrics on request
+    let (status, head, text) = http_get(port, "/metrics", "text/plain").unwrap();
+    assert_eq!(status, 200);
+    assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+    assert!(text.contains("yolo_edge_frames_total{source=\"cam\",result=\"ok\"} 60\n"), "{text}");
+    let scraped = tmp.path().join("metrics.txt");
+    std::fs::write(&scraped, &text).unwrap();
+    let (code, out) =
+        run_tool(std::process::Command::new(&promtool).arg("check").arg("metrics").stdin(std::fs::File::open(&scraped).unwrap()));
+    assert_eq!(code, Some(0), "promtool check metrics:\n{out}\n{text}");
+    let (_, head, om) = http_get(port, "/metrics", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5").unwrap();
+    assert!(head.contains("content-type: application/openmetrics-text; version=1.0.0"), "{head}");
+    assert!(om.ends_with("# EOF\n") && om.contains("# TYPE yolo_edge_frames counter\n"), "{om}");
+
+    // the shipped alert rules and scrape config
+    let deploy = manifest().join("deploy/prometheus");
+    let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("rules").arg(deploy.join("yolo-edge-alerts.yml")));
+    assert_eq!(code, Some(0), "promtool check rules:\n{out}");
+    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("config").arg(deploy.join("prometheus.yml")));
+    assert_eq!(code, Some(0), "promtool check config:\n{out}");
+
+    // a live model change: not ready while the new model loads, ready again once it serves
+    conf.model = m2.clone();
+    conf.write(&cfg);
+    wait_until(Duration::from_secs(60), "/readyz not ready during the reload", || readyz(port).is_some_and(|r| r.0 == 503));
+    assert_eq!(readyz(port).unwrap().1, "not ready: model loading\n");
+    assert_eq!(http_get(port, "/healthz", "*/*").unwrap().0, 200, "alive while loading");
+    wait_until(T, "model_reloaded", || !col.events("model_reloaded").is_empty());
+    wait_until(Duration::from_secs(30), "/readyz ready after the reload", || readyz(port).is_some_and(|r| r.0 == 200));
+    wait_until(Duration::from_secs(30), "model_reloads_total 1", || value("yolo_edge_model_reloads_total") == Some(1.0));
+
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0), "exit code; log:\n{}", agent.log());
+    col.assert_all_typed();
 }
