@@ -1042,7 +1042,7 @@ fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_m
     assert!(value("yolo_edge_memory_budget_bytes").unwrap() > 0.0);
     let planned = value("yolo_edge_batch_size_planned").unwrap();
     assert!((1.0..=4.0).contains(&planned), "{planned}");
-    assert_eq!(value("count(yolo_edge_model_info{variant=\"yolov9-t\"})"), Some(1.0));
+    assert_eq!(value("count(yolo_edge_model_info{variant=\"yolov9t\"})"), Some(1.0));
 
     // every panel's query returns data
     let exprs = dashboard_exprs();

@@ -745,11 +745,23 @@ impl Config {
                     }
                 }
                 RawSource::Mqtt { id, topic, id_from_topic_level } => {
-                    if topic.is_empty()
-                        || topic
-                            .split('/')
-                            .enumerate()
-                            .any(|(j, l)| l.contains('#') && (l != "#" || j != topic.split('/').count() - 1) || l.contains('+') && l != "+")
+                    // a shared subscription: `$share/<group>/<filter>`, the group one level without wildcards
+                    let filter = match topic.strip_prefix("$share/") {
+                        Some(rest) => match rest.split_once('/') {
+                            Some((group, f)) if !group.is_empty() && !group.contains(['+', '#']) => f,
+                            _ => {
+                                return Err(invalid(
+                                    &format!("sources[{i}].topic"),
+                                    format!("`{topic}` is not a valid shared subscription (`$share/<group>/<filter>`)"),
+                                ))
+                            }
+                        },
+                        None => topic.as_str(),
+                    };
+                    if filter.is_empty()
+                        || filter.split('/').enumerate().any(|(j, l)| {
+                            l.contains('#') && (l != "#" || j != filter.split('/').count() - 1) || l.contains('+') && l != "+"
+                        })
                     {
                         return Err(invalid(&format!("sources[{i}].topic"), format!("`{topic}` is not a valid topic filter")));
                     }
@@ -995,6 +1007,18 @@ path = "/in"
         // inside the tagged `[[sources]]` table the path ends at the entry; the message names the field
         let e = err(&MIN.replace("id = \"cam\"", "id = \"a/b\""));
         assert!(e.contains("`sources[0]`") && e.contains("id `a/b`"), "{e}");
+    }
+
+    #[test]
+    fn mqtt_sources_may_be_shared_subscriptions() {
+        let src =
+            |topic: &str| MIN.replace("type = \"folder\"\nid = \"cam\"\npath = \"/in\"", &format!("type = \"mqtt\"\ntopic = \"{topic}\""));
+        let c = Config::parse(&src("$share/workers/cams/+/jpeg"), Path::new("/a.toml")).unwrap();
+        assert!(matches!(&c.sources[0], SourceConfig::Mqtt { topic, .. } if topic == "$share/workers/cams/+/jpeg"));
+        for bad in ["$share/workers", "$share//cams/#", "$share/w+/cams/#", "$share/workers/", "$share/g/cams/#/x"] {
+            let e = err(&src(bad));
+            assert!(e.contains("`sources[0].topic`") && e.contains(bad), "{bad}: {e}");
+        }
     }
 
     #[test]
