@@ -499,11 +499,16 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
 /// (`cameras/+/jpeg`, the second level as source id) after `input` (extra config before it),
 /// online. `None` without Mosquitto.
 fn start_v5_image_source(dir: &std::path::Path, input: &str) -> Option<(Broker, Collector, Agent)> {
+    start_v5_image_source_on(dir, input, "cameras/+/jpeg")
+}
+
+/// [`start_v5_image_source`] subscribed to `topic`.
+fn start_v5_image_source_on(dir: &std::path::Path, input: &str, topic: &str) -> Option<(Broker, Collector, Agent)> {
     let broker = Broker::start(&dir.join("broker"), "")?;
     let col = Collector::start(broker.port, "#", ClientOpts::default());
     let mut conf = AgentConf::new(dir, broker.port);
     conf.mqtt_extra = "protocol = \"v5\"\n".into();
-    conf.extra = format!("{input}[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n");
+    conf.extra = format!("{input}[[sources]]\ntype = \"mqtt\"\ntopic = \"{topic}\"\nid_from_topic_level = 2\n");
     let cfg = dir.join("agent.toml");
     conf.write(&cfg);
     let agent = Agent::spawn(&cfg, &[]);
@@ -520,6 +525,41 @@ fn publish_v5(port: u16, topic: &str, jpeg: &std::path::Path, props: &[(&str, &s
     }
     let out = cmd.output().expect("mosquitto_pub (package mosquitto-clients)");
     assert!(out.status.success(), "mosquitto_pub: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A shared subscription (`$share/<group>/<filter>`): the broker delivers on the picture's own
+/// topic, which the agent matches against the filter part; every picture is detected, with its
+/// source id from the topic and its `image_id` from the user property.
+#[test]
+fn mqtt_shared_subscription_delivers_every_picture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((broker, col, mut agent)) = start_v5_image_source_on(tmp.path(), "", "$share/detectors/cameras/+/jpeg") else { return };
+    // the agent's subscription is in place once it is online; give the SUBACK a moment
+    std::thread::sleep(Duration::from_millis(500));
+    let jpeg = tmp.path().join("door.jpg");
+    std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
+    for i in 0..3 {
+        publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("image_id", &format!("door-{i}"))]);
+    }
+    publish_v5(broker.port, "cameras/gate/jpeg", &jpeg, &[]);
+    wait_until(Duration::from_secs(60), "4 detections", || col.detections().len() >= 4);
+    let dets: Vec<Detections> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    let door: Vec<String> = dets
+        .iter()
+        .filter(|d| d.source == "door")
+        .map(|d| match &d.image {
+            FrameImage::Id { id, .. } => id.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(door, ["door-0", "door-1", "door-2"]);
+    assert!(dets
+        .iter()
+        .any(|d| d.source == "gate" && matches!(&d.image, FrameImage::Id { id, .. } if id.starts_with("cameras/gate/jpeg#"))));
+    assert!(col.events("input_rejected").is_empty());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
 }
 
 /// Source ids from outside become topic levels: an id of 70,000 bytes (which would make a topic
