@@ -1113,6 +1113,18 @@ fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_m
     let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("config").arg(deploy.join("prometheus.yml")));
     assert_eq!(code, Some(0), "promtool check config:\n{out}");
 
+    // `yolo-edge probe` asks the listener the config names (the container HEALTHCHECK)
+    let probe = |args: &[&str], config: &std::path::Path| {
+        run_tool(std::process::Command::new(env!("CARGO_BIN_EXE_yolo-edge")).arg("probe").arg("--config").arg(config).args(args))
+    };
+    assert_eq!(probe(&["/readyz"], &cfg), (Some(0), "ready\n".to_string()));
+    assert_eq!(probe(&["/healthz"], &cfg), (Some(0), "ok\n".to_string()));
+    let plain = tmp.path().join("no-metrics.toml");
+    std::fs::write(&plain, conf.toml().replace(&format!("listen = \"127.0.0.1:{port}\""), "").replace("[metrics]\n", "")).unwrap();
+    assert_eq!(probe(&["--if-configured"], &plain).0, Some(0));
+    let (code, out) = probe(&[], &plain);
+    assert!(code != Some(0) && out.contains("no [metrics] table"), "{code:?} {out}");
+
     // a live model change: not ready while the new model loads, ready again once it serves
     conf.model = m2.clone();
     conf.write(&cfg);
