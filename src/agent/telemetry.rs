@@ -267,10 +267,12 @@ impl Stats {
         };
         let source = source.unwrap_or(UNKNOWN_SOURCE);
         if let Ok(mut m) = self.frames_by_source.lock() {
+            if let Some(n) = m.get_mut(&(source.to_string(), result)) {
+                *n += 1;
+                return;
+            }
             let known = m.keys().any(|(s, _)| s == source);
-            let distinct =
-                m.keys().map(|(s, _)| s.as_str()).filter(|s| *s != OTHER_SOURCE).collect::<std::collections::BTreeSet<_>>().len();
-            let label = if known || distinct < MAX_SOURCE_LABELS { source } else { OTHER_SOURCE };
+            let label = if known || distinct_sources(&m) < MAX_SOURCE_LABELS { source } else { OTHER_SOURCE };
             *m.entry((label.to_string(), result)).or_insert(0) += 1;
         }
     }
@@ -300,6 +302,20 @@ impl Stats {
         let p = |q: f32| v[((v.len() - 1) as f32 * q).round() as usize];
         Percentiles { p50: p(0.5), p90: p(0.9), p99: p(0.99) }
     }
+}
+
+/// Distinct `source` labels in the frame counters, `other` not counted.
+fn distinct_sources(m: &BTreeMap<(String, FrameResult), u64>) -> usize {
+    let mut n = 0;
+    let mut last: Option<&str> = None;
+    // keys are sorted by source first: each source's entries are adjacent
+    for (s, _) in m.keys() {
+        if last != Some(s.as_str()) && s != OTHER_SOURCE {
+            n += 1;
+        }
+        last = Some(s.as_str());
+    }
+    n
 }
 
 /// Computes fps between two snapshots.
