@@ -342,6 +342,7 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
     let reload_task = tokio::spawn(watch_config(cfg_tx, control, device.clone(), dtype, events.clone(), stats.clone(), stop_rx.clone()));
 
     shutdown.await;
+    stats.shutting_down.store(true, Relaxed);
     let grace = cfg_rx.borrow().shutdown_grace;
     tracing::info!(grace_s = grace.as_secs_f64(), "shutting down: intake stopped, draining");
     let _ = stop_tx.send(true);

@@ -222,6 +222,8 @@ pub struct Stats {
     /// A model is loaded (and warmed up on CUDA) and the pipeline runs it; false while a model
     /// (re)loads.
     pub model_ready: AtomicBool,
+    /// SIGTERM/SIGINT came: intake stopped, draining.
+    pub shutting_down: AtomicBool,
     latencies: [Mutex<VecDeque<f32>>; 6],
     histograms: [LatencyHistogram; 6],
     /// Pictures by source and result, at most [`MAX_SOURCE_LABELS`] sources (then `other`).
@@ -284,6 +286,9 @@ impl Stats {
 
     /// Whether the agent can do its work: `Err` says why not (`/readyz`).
     pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down.load(Relaxed) {
+            return Err("shutting down");
+        }
         if !self.model_ready.load(Relaxed) {
             return Err("model loading");
         }
@@ -507,5 +512,8 @@ mod tests {
         assert_eq!(s.readiness(), Ok(()));
         s.model_ready.store(false, Relaxed);
         assert_eq!(s.readiness(), Err("model loading"));
+        s.model_ready.store(true, Relaxed);
+        s.shutting_down.store(true, Relaxed);
+        assert_eq!(s.readiness(), Err("shutting down"));
     }
 }
