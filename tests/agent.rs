@@ -703,19 +703,21 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
 /// A broker, a collector on all of the agent's topics, and an agent at startup batch `batch`
 /// (quiet period 0.3 s) with the test-only OOM injector set to `inject`, online. `None` without
 /// Mosquitto.
-fn start_injected(dir: &std::path::Path, batch: usize, inject: &str) -> Option<(Broker, Collector, AgentConf, Agent)> {
+/// The agent also serves `/metrics` on the returned port.
+fn start_injected(dir: &std::path::Path, batch: usize, inject: &str) -> Option<(Broker, Collector, AgentConf, Agent, u16)> {
     let broker = Broker::start(&dir.join("broker"), "")?;
     let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
     let mut conf = AgentConf::new(dir, broker.port);
     conf.batch = batch;
     conf.max_wait_ms = 500;
     conf.quiet_s = 0.3;
-    conf.extra = format!("[debug]\ninject_oom = \"{inject}\"\n");
+    let port = free_port();
+    conf.extra = format!("[debug]\ninject_oom = \"{inject}\"\n\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
     let cfg = dir.join("agent.toml");
     conf.write(&cfg);
     let agent = Agent::spawn(&cfg, &[]);
     wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
-    Some((broker, col, conf, agent))
+    Some((broker, col, conf, agent, port))
 }
 
 /// Drops more pictures in small waves, a quiet period apart, until the agent has climbed back to
@@ -768,7 +770,7 @@ fn batch_changes(col: &Collector) -> Vec<(u64, u64)> {
 #[test]
 fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 8, "batch>=4;until=120") else { return };
+    let Some((_broker, col, conf, mut agent, port)) = start_injected(tmp.path(), 8, "batch>=4;until=120") else { return };
     let dets = run_through_fallback(&col, &conf, 300, 8);
     let sizes: Vec<u64> = dets.iter().map(|v| v.batch_size as u64).collect();
     let first8 = sizes.iter().position(|&b| b == 8);
@@ -783,6 +785,16 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 8)), "recovery one step at a time: {changes:?}");
     let tel = col.on("/telemetry");
     assert!(tel.last().unwrap().parse::<Telemetry>().batch.oom_fallbacks >= 2);
+    // /metrics counts the same fallbacks and frames, and the batch is back at its plan
+    let metric = |name: &str| -> Option<f64> {
+        let text = http_get(port, "/metrics", "text/plain")?.2;
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    };
+    wait_until(Duration::from_secs(10), "oom_fallback events all arrived", || {
+        metric("yolo_edge_oom_fallbacks_total") == Some(col.events("oom_fallback").len() as f64)
+    });
+    assert_eq!(metric("yolo_edge_frames_total{source=\"cam\",result=\"ok\"}"), Some(dets.len() as f64));
+    assert_eq!((metric("yolo_edge_batch_size_current"), metric("yolo_edge_batch_size_planned")), (Some(8.0), Some(8.0)));
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
     col.assert_all_typed();
@@ -793,7 +805,7 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
 #[test]
 fn oom_fallback_from_an_odd_batch_recovers_to_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 5, "batch>=3;until=60") else { return };
+    let Some((_broker, col, conf, mut agent, _)) = start_injected(tmp.path(), 5, "batch>=3;until=60") else { return };
     let dets = run_through_fallback(&col, &conf, 200, 5);
     let changes = batch_changes(&col);
     assert!(changes.contains(&(5, 3)) && changes.contains(&(3, 2)), "larger half kept: {changes:?}");
