@@ -1122,6 +1122,11 @@ fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_m
     let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("rules").arg(deploy.join("yolo-edge-alerts.yml")));
     assert_eq!(code, Some(0), "promtool check rules:\n{out}");
     assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    // and they fire when they should (broker down, spool growing and nearly full, no frames, not
+    // ready, memory near budget), and not before
+    let (code, out) =
+        run_tool(std::process::Command::new(&promtool).arg("test").arg("rules").arg(deploy.join("yolo-edge-alerts.test.yml")));
+    assert_eq!(code, Some(0), "promtool test rules:\n{out}");
     let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("config").arg(deploy.join("prometheus.yml")));
     assert_eq!(code, Some(0), "promtool check config:\n{out}");
 
