@@ -126,8 +126,9 @@ pub enum Control {
 struct Decoded {
     job: Job,
     result: Result<Letterboxed, String>,
-    /// Decoding, and letterboxing (when the picture decoded), in milliseconds.
+    /// Reading and decoding, in milliseconds.
     ms: f64,
+    /// The letterbox after it, in milliseconds (None: the picture did not decode).
     letterbox_ms: Option<f64>,
     /// When the decode task finished (the queue wait runs from here to the batch's start).
     ready: Instant,
