@@ -109,7 +109,7 @@ mod tests {
     fn serves_metrics_health_and_readiness() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let stats = Arc::new(Stats::default());
-        let exporter = Arc::new(Exporter::new(stats.clone()));
+        let exporter = Arc::new(Exporter::new(stats.clone(), "cpu", "f32"));
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let port = std_listener.local_addr().unwrap().port();

@@ -61,9 +61,6 @@ impl Format {
 pub struct Context {
     pub memory: Arc<dyn MemorySource>,
     pub model: Arc<RwLock<ModelMeta>>,
-    /// The device's name (`cpu`, `cuda:0 (NVIDIA ...)`) and the dtype, for `yolo_edge_build_info`.
-    pub device: String,
-    pub dtype: String,
     pub max_batch: u64,
     pub spool_max_bytes: u64,
 }
@@ -71,6 +68,8 @@ pub struct Context {
 struct Inner {
     stats: Arc<Stats>,
     ctx: RwLock<Option<Context>>,
+    /// The labels of `yolo_edge_build_info` (version, device, dtype).
+    build: Vec<(&'static str, String)>,
     started_unix_s: f64,
 }
 
@@ -87,9 +86,11 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    pub fn new(stats: Arc<Stats>) -> Self {
+    /// `device` is the device's name (`cpu`, `cuda:0 (NVIDIA ...)`), `dtype` the compute dtype.
+    pub fn new(stats: Arc<Stats>, device: &str, dtype: &str) -> Self {
         let started_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
-        let inner = Arc::new(Inner { stats, ctx: RwLock::new(None), started_unix_s });
+        let build = vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("device", device.to_string()), ("dtype", dtype.to_string())];
+        let inner = Arc::new(Inner { stats, ctx: RwLock::new(None), build, started_unix_s });
         let mut registry = Registry::default();
         registry.register_collector(Box::new(inner.clone()));
         Self { inner, registry }
@@ -255,12 +256,7 @@ impl Collector for Inner {
             i64::from(s.model_ready.load(Relaxed)),
         )?;
         o.gauge("yolo_edge_start_time", "When the agent started, seconds since the Unix epoch", SECONDS, self.started_unix_s)?;
-        let mut build = vec![("version", env!("CARGO_PKG_VERSION").to_string())];
-        if let Some(c) = ctx {
-            build.push(("device", c.device.clone()));
-            build.push(("dtype", c.dtype.clone()));
-        }
-        o.info("yolo_edge_build", "The agent's version, device and dtype", &build)?;
+        o.info("yolo_edge_build", "The agent's version, device and dtype", &self.build)?;
         if let Some(c) = ctx {
             let m = c.model.read().map(|m| m.clone()).unwrap_or_else(|e| e.into_inner().clone());
             o.info(
@@ -420,7 +416,7 @@ mod tests {
         stats.plan_budget.store(1 << 30, Relaxed);
         stats.model_ready.store(true, Relaxed);
         stats.mqtt_connected.store(true, Relaxed);
-        let e = Exporter::new(stats);
+        let e = Exporter::new(stats, "cpu", "f32");
         let meta = ModelMeta {
             variant: "yolov9-t".into(),
             nc: 1,
@@ -429,14 +425,7 @@ mod tests {
             path: "/m.pt".into(),
             label: "yolov9-t:abababababab".into(),
         };
-        e.attach(Context {
-            memory: Arc::new(FixedMemory),
-            model: Arc::new(RwLock::new(meta)),
-            device: "cpu".into(),
-            dtype: "f32".into(),
-            max_batch: 8,
-            spool_max_bytes: 64 << 20,
-        });
+        e.attach(Context { memory: Arc::new(FixedMemory), model: Arc::new(RwLock::new(meta)), max_batch: 8, spool_max_bytes: 64 << 20 });
         e
     }
 
@@ -522,9 +511,12 @@ mod tests {
 
     #[test]
     fn before_the_model_is_loaded_the_agent_is_alive_and_not_ready() {
-        let e = Exporter::new(Arc::new(Stats::default()));
+        let e = Exporter::new(Arc::new(Stats::default()), "cpu", "f32");
         let t = e.render(Format::Text004);
         assert!(t.contains("yolo_edge_ready 0\n") && t.contains("yolo_edge_model_ready 0\n"), "{t}");
         assert!(!t.contains("yolo_edge_model_info") && !t.contains("yolo_edge_memory_budget_bytes"), "{t}");
+        // the build's labels are known from the start: one series for the process's life
+        let build = format!("yolo_edge_build_info{{version=\"{}\",device=\"cpu\",dtype=\"f32\"}} 1\n", env!("CARGO_PKG_VERSION"));
+        assert!(t.contains(&build), "{t}");
     }
 }

@@ -167,7 +167,8 @@ pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>)
             let listener = std::net::TcpListener::bind(m.listen)
                 .and_then(|l| l.set_nonblocking(true).map(|_| l))
                 .map_err(|source| AgentError::MetricsListen { addr: m.listen, source })?;
-            let exporter = Arc::new(metrics::Exporter::new(stats.clone()));
+            let dev_name = crate::backend::device::device_name(&device);
+            let exporter = Arc::new(metrics::Exporter::new(stats.clone(), &dev_name, crate::backend::device::dtype_name(dtype)));
             let _guard = rt.enter();
             let listener =
                 tokio::net::TcpListener::from_std(listener).map_err(|source| AgentError::MetricsListen { addr: m.listen, source })?;
@@ -250,8 +251,6 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
         e.attach(metrics::Context {
             memory: memory.clone(),
             model: model_meta.clone(),
-            device: crate::backend::device::device_name(&device),
-            dtype: crate::backend::device::dtype_name(dtype).to_string(),
             max_batch: cfg.device.max_batch as u64,
             spool_max_bytes: cfg.spool.max_bytes,
         });
