@@ -1,7 +1,9 @@
 //! The edge agent against a real Mosquitto broker: hot folder throughput and schema, broker
 //! restarts, SIGTERM/SIGKILL, config field updates and model swap, TLS + auth, bad input, and
 //! the runtime OOM fallback (driven on the CPU by the test-only injector); `yolo-edge demo` end
-//! to end (embedded broker, or this test's Mosquitto).
+//! to end (embedded broker, or this test's Mosquitto); `/metrics` scraped by a real Prometheus
+//! that answers every dashboard panel's query, promtool on the text and the alert rules, and
+//! `/readyz` during model loads.
 
 mod common;
 
@@ -786,11 +788,16 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
 /// (`cameras/+/jpeg`, the second level as source id) after `input` (extra config before it),
 /// online. `None` without Mosquitto.
 fn start_v5_image_source(dir: &std::path::Path, input: &str) -> Option<(Broker, Collector, Agent)> {
+    start_v5_image_source_on(dir, input, "cameras/+/jpeg")
+}
+
+/// [`start_v5_image_source`] subscribed to `topic`.
+fn start_v5_image_source_on(dir: &std::path::Path, input: &str, topic: &str) -> Option<(Broker, Collector, Agent)> {
     let broker = Broker::start(&dir.join("broker"), "")?;
     let col = Collector::start(broker.port, "#", ClientOpts::default());
     let mut conf = AgentConf::new(dir, broker.port);
     conf.mqtt_extra = "protocol = \"v5\"\n".into();
-    conf.extra = format!("{input}[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n");
+    conf.extra = format!("{input}[[sources]]\ntype = \"mqtt\"\ntopic = \"{topic}\"\nid_from_topic_level = 2\n");
     let cfg = dir.join("agent.toml");
     conf.write(&cfg);
     let agent = Agent::spawn(&cfg, &[]);
@@ -807,6 +814,41 @@ fn publish_v5(port: u16, topic: &str, jpeg: &std::path::Path, props: &[(&str, &s
     }
     let out = cmd.output().expect("mosquitto_pub (package mosquitto-clients)");
     assert!(out.status.success(), "mosquitto_pub: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A shared subscription (`$share/<group>/<filter>`): the broker delivers on the picture's own
+/// topic, which the agent matches against the filter part; every picture is detected, with its
+/// source id from the topic and its `image_id` from the user property.
+#[test]
+fn mqtt_shared_subscription_delivers_every_picture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((broker, col, mut agent)) = start_v5_image_source_on(tmp.path(), "", "$share/detectors/cameras/+/jpeg") else { return };
+    // the agent's subscription is in place once it is online; give the SUBACK a moment
+    std::thread::sleep(Duration::from_millis(500));
+    let jpeg = tmp.path().join("door.jpg");
+    std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
+    for i in 0..3 {
+        publish_v5(broker.port, "cameras/door/jpeg", &jpeg, &[("image_id", &format!("door-{i}"))]);
+    }
+    publish_v5(broker.port, "cameras/gate/jpeg", &jpeg, &[]);
+    wait_until(Duration::from_secs(60), "4 detections", || col.detections().len() >= 4);
+    let dets: Vec<Detections> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    let door: Vec<String> = dets
+        .iter()
+        .filter(|d| d.source == "door")
+        .map(|d| match &d.image {
+            FrameImage::Id { id, .. } => id.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(door, ["door-0", "door-1", "door-2"]);
+    assert!(dets
+        .iter()
+        .any(|d| d.source == "gate" && matches!(&d.image, FrameImage::Id { id, .. } if id.starts_with("cameras/gate/jpeg#"))));
+    assert!(col.events("input_rejected").is_empty());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
 }
 
 /// Source ids from outside become topic levels: an id of 70,000 bytes (which would make a topic
@@ -950,19 +992,21 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
 /// A broker, a collector on all of the agent's topics, and an agent at startup batch `batch`
 /// (quiet period 0.3 s) with the test-only OOM injector set to `inject`, online. `None` without
 /// Mosquitto.
-fn start_injected(dir: &std::path::Path, batch: usize, inject: &str) -> Option<(Broker, Collector, AgentConf, Agent)> {
+/// The agent also serves `/metrics` on the returned port.
+fn start_injected(dir: &std::path::Path, batch: usize, inject: &str) -> Option<(Broker, Collector, AgentConf, Agent, u16)> {
     let broker = Broker::start(&dir.join("broker"), "")?;
     let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
     let mut conf = AgentConf::new(dir, broker.port);
     conf.batch = batch;
     conf.max_wait_ms = 500;
     conf.quiet_s = 0.3;
-    conf.extra = format!("[debug]\ninject_oom = \"{inject}\"\n");
+    let port = free_port();
+    conf.extra = format!("[debug]\ninject_oom = \"{inject}\"\n\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
     let cfg = dir.join("agent.toml");
     conf.write(&cfg);
     let agent = Agent::spawn(&cfg, &[]);
     wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
-    Some((broker, col, conf, agent))
+    Some((broker, col, conf, agent, port))
 }
 
 /// Drops more pictures in small waves, a quiet period apart, until the agent has climbed back to
@@ -1015,7 +1059,7 @@ fn batch_changes(col: &Collector) -> Vec<(u64, u64)> {
 #[test]
 fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 8, "batch>=4;until=120") else { return };
+    let Some((_broker, col, conf, mut agent, port)) = start_injected(tmp.path(), 8, "batch>=4;until=120") else { return };
     let dets = run_through_fallback(&col, &conf, 300, 8);
     let sizes: Vec<u64> = dets.iter().map(|v| v.batch_size as u64).collect();
     let first8 = sizes.iter().position(|&b| b == 8);
@@ -1030,6 +1074,16 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
     assert!(changes.contains(&(2, 4)) && changes.contains(&(4, 8)), "recovery one step at a time: {changes:?}");
     let tel = col.on("/telemetry");
     assert!(tel.last().unwrap().parse::<Telemetry>().batch.oom_fallbacks >= 2);
+    // /metrics counts the same fallbacks and frames, and the batch is back at its plan
+    let metric = |name: &str| -> Option<f64> {
+        let text = http_get(port, "/metrics", "text/plain")?.2;
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    };
+    wait_until(Duration::from_secs(10), "oom_fallback events all arrived", || {
+        metric("yolo_edge_oom_fallbacks_total") == Some(col.events("oom_fallback").len() as f64)
+    });
+    assert_eq!(metric("yolo_edge_frames_total{source=\"cam\",result=\"ok\"}"), Some(dets.len() as f64));
+    assert_eq!((metric("yolo_edge_batch_size_current"), metric("yolo_edge_batch_size_planned")), (Some(8.0), Some(8.0)));
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
     col.assert_all_typed();
@@ -1040,7 +1094,7 @@ fn oom_injector_halves_batches_and_recovers_without_losing_frames() {
 #[test]
 fn oom_fallback_from_an_odd_batch_recovers_to_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some((_broker, col, conf, mut agent)) = start_injected(tmp.path(), 5, "batch>=3;until=60") else { return };
+    let Some((_broker, col, conf, mut agent, _)) = start_injected(tmp.path(), 5, "batch>=3;until=60") else { return };
     let dets = run_through_fallback(&col, &conf, 200, 5);
     let changes = batch_changes(&col);
     assert!(changes.contains(&(5, 3)) && changes.contains(&(3, 2)), "larger half kept: {changes:?}");
@@ -1209,4 +1263,185 @@ fn demo_exits_7_when_the_named_broker_is_unreachable() {
     let r = run_demo(tmp.path(), &["--broker", &addr], Duration::from_secs(60));
     assert_eq!(r.code, Some(7), "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains(&format!("cannot reach the MQTT broker at {addr}")), "{}", r.stderr);
+}
+
+/// The dashboard's queries (every target of every panel), with the `instance` variable matching all.
+fn dashboard_exprs() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(manifest().join("deploy/grafana/yolo-edge.json")).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            out.push((p["title"].as_str().unwrap().to_string(), t["expr"].as_str().unwrap().replace("$instance", ".+")));
+        }
+    }
+    out
+}
+
+/// Runs a program, returns (exit code, stdout + stderr).
+fn run_tool(cmd: &mut std::process::Command) -> (Option<i32>, String) {
+    let out = cmd.output().unwrap();
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The readiness answer now: (status, body).
+fn readyz(port: u16) -> Option<(u16, String)> {
+    http_get(port, "/readyz", "*/*").map(|(s, _, b)| (s, b))
+}
+
+#[test]
+fn grafana_dashboard_is_valid_and_every_panel_has_a_datasource_and_a_query() {
+    let text = std::fs::read_to_string(manifest().join("deploy/grafana/yolo-edge.json")).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    assert_eq!(d["__inputs"][0]["name"], "DS_PROMETHEUS", "importable with a Prometheus data source");
+    let panels = d["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    let mut ids = BTreeSet::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or_default();
+        assert!(!title.is_empty(), "a panel without a title: {p}");
+        assert!(ids.insert(p["id"].as_u64().unwrap()), "duplicate panel id in {title}");
+        assert_eq!(p["datasource"]["uid"], "${DS_PROMETHEUS}", "{title}: datasource");
+        assert!(p["gridPos"]["w"].as_u64().unwrap() > 0, "{title}: gridPos");
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}: no query");
+        for t in targets {
+            assert_eq!(t["datasource"]["uid"], "${DS_PROMETHEUS}", "{title}: target datasource");
+            let expr = t["expr"].as_str().unwrap_or_default();
+            assert!(expr.contains("yolo_edge_"), "{title}: query {expr:?}");
+        }
+    }
+    let titles: Vec<&str> = panels.iter().map(|p| p["title"].as_str().unwrap()).collect();
+    for want in [
+        "Device memory against budget and high-water",
+        "Batch size",
+        "OOM fallbacks",
+        "Throughput",
+        "Latency p50 per stage",
+        "Latency p99 per stage",
+        "Queue depth",
+        "Spool",
+        "Broker state",
+    ] {
+        assert!(titles.contains(&want), "no panel {want:?}: {titles:?}");
+    }
+    // every metric the dashboard and the alert rules name is documented
+    let doc = std::fs::read_to_string(manifest().join("docs/monitoring.md")).unwrap();
+    let rules = std::fs::read_to_string(manifest().join("deploy/prometheus/yolo-edge-alerts.yml")).unwrap();
+    for src in [&text, &rules] {
+        for part in src.split("yolo_edge_").skip(1) {
+            let name: String = part.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let base = ["_bucket", "_sum", "_count"].iter().fold(name.clone(), |n, s| n.strip_suffix(s).map(str::to_string).unwrap_or(n));
+            assert!(doc.contains(&format!("yolo_edge_{base}")), "yolo_edge_{base} is not in docs/monitoring.md");
+        }
+    }
+}
+
+#[test]
+fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_model_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let Some(promtool) = prometheus_tool("promtool") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let m1 = tmp.path().join("m1.pt");
+    let m2 = tmp.path().join("m2.pt");
+    std::fs::copy(fixture("yolov9t-ball.pt"), &m1).unwrap();
+    std::fs::copy(fixture("yolov9t-ball.pt"), &m2).unwrap();
+    let port = free_port();
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.model = m1.clone();
+    // planned from memory, so that the budget panel has its figure
+    conf.batch_auto = true;
+    conf.extra = format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n\n[debug]\nmodel_load_delay_ms = 3000\n");
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let t0 = Instant::now();
+    let mut agent = Agent::spawn(&cfg, &[]);
+
+    // alive at once, not ready while the model loads, ready once it serves
+    wait_until(Duration::from_secs(30), "/healthz answers", || http_get(port, "/healthz", "*/*").is_some_and(|r| r.0 == 200));
+    let (status, body) = readyz(port).unwrap();
+    assert_eq!((status, body.as_str()), (503, "not ready: model loading\n"));
+    wait_until(T, "/readyz ready", || readyz(port).is_some_and(|r| r.0 == 200));
+    assert!(t0.elapsed() >= Duration::from_secs(3), "ready before the model was loaded");
+    assert_eq!(readyz(port).unwrap().1, "ready\n");
+
+    let Some(prom) = Prometheus::start(&tmp.path().join("prometheus"), "yolo-edge", &[port]) else { return };
+    let names = drop_images(&conf.input, 0, 60, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "60 detections", || col.detections().len() >= 60);
+    wait_until(T, "files in done/", || files_in(&conf.input.join("done")).len() == names.len());
+
+    // the agent's own figures, through Prometheus
+    let value = |expr: &str| -> Option<f64> { prom.query(expr).first().and_then(|r| r["value"][1].as_str()?.parse().ok()) };
+    wait_until(Duration::from_secs(60), "Prometheus has the 60 pictures", || {
+        value("sum(yolo_edge_frames_total{result=\"ok\",source=\"cam\"})") == Some(60.0)
+    });
+    assert_eq!(value("yolo_edge_ready{job=\"yolo-edge\"}"), Some(1.0));
+    assert_eq!(value("yolo_edge_mqtt_connected"), Some(1.0));
+    assert_eq!(value("sum(yolo_edge_stage_duration_seconds_count{stage=\"decode\"})"), Some(60.0));
+    assert_eq!(value("sum(yolo_edge_stage_duration_seconds_count{stage=\"queue_wait\"})"), Some(60.0));
+    assert!(value("yolo_edge_memory_budget_bytes").unwrap() > 0.0);
+    let planned = value("yolo_edge_batch_size_planned").unwrap();
+    assert!((1.0..=4.0).contains(&planned), "{planned}");
+    assert_eq!(value("count(yolo_edge_model_info{variant=\"yolov9t\"})"), Some(1.0));
+
+    // every panel's query returns data
+    let exprs = dashboard_exprs();
+    assert!(exprs.len() >= 20, "{} queries", exprs.len());
+    for (title, expr) in &exprs {
+        wait_until(Duration::from_secs(90), &format!("data for panel {title:?}: {expr}"), || !prom.query(expr).is_empty());
+    }
+
+    // the classic text format passes promtool's parser and lint; OpenMetrics on request
+    let (status, head, text) = http_get(port, "/metrics", "text/plain").unwrap();
+    assert_eq!(status, 200);
+    assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+    assert!(text.contains("yolo_edge_frames_total{source=\"cam\",result=\"ok\"} 60\n"), "{text}");
+    let scraped = tmp.path().join("metrics.txt");
+    std::fs::write(&scraped, &text).unwrap();
+    let (code, out) =
+        run_tool(std::process::Command::new(&promtool).arg("check").arg("metrics").stdin(std::fs::File::open(&scraped).unwrap()));
+    assert_eq!(code, Some(0), "promtool check metrics:\n{out}\n{text}");
+    let (_, head, om) = http_get(port, "/metrics", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5").unwrap();
+    assert!(head.contains("content-type: application/openmetrics-text; version=1.0.0"), "{head}");
+    assert!(om.ends_with("# EOF\n") && om.contains("# TYPE yolo_edge_frames counter\n"), "{om}");
+
+    // the shipped alert rules and scrape config
+    let deploy = manifest().join("deploy/prometheus");
+    let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("rules").arg(deploy.join("yolo-edge-alerts.yml")));
+    assert_eq!(code, Some(0), "promtool check rules:\n{out}");
+    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    // and they fire when they should (broker down, spool growing and nearly full, no frames, not
+    // ready, memory near budget), and not before
+    let (code, out) =
+        run_tool(std::process::Command::new(&promtool).arg("test").arg("rules").arg(deploy.join("yolo-edge-alerts.test.yml")));
+    assert_eq!(code, Some(0), "promtool test rules:\n{out}");
+    let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("config").arg(deploy.join("prometheus.yml")));
+    assert_eq!(code, Some(0), "promtool check config:\n{out}");
+
+    // `yolo-edge probe` asks the listener the config names (the container HEALTHCHECK)
+    let probe = |args: &[&str], config: &std::path::Path| {
+        run_tool(std::process::Command::new(env!("CARGO_BIN_EXE_yolo-edge")).arg("probe").arg("--config").arg(config).args(args))
+    };
+    assert_eq!(probe(&["/readyz"], &cfg), (Some(0), "ready\n".to_string()));
+    assert_eq!(probe(&["/healthz"], &cfg), (Some(0), "ok\n".to_string()));
+    let plain = tmp.path().join("no-metrics.toml");
+    std::fs::write(&plain, conf.toml().replace(&format!("listen = \"127.0.0.1:{port}\""), "").replace("[metrics]\n", "")).unwrap();
+    assert_eq!(probe(&["--if-configured"], &plain).0, Some(0));
+    let (code, out) = probe(&[], &plain);
+    assert!(code != Some(0) && out.contains("no [metrics] table"), "{code:?} {out}");
+
+    // a live model change: not ready while the new model loads, ready again once it serves
+    conf.model = m2.clone();
+    conf.write(&cfg);
+    wait_until(Duration::from_secs(60), "/readyz not ready during the reload", || readyz(port).is_some_and(|r| r.0 == 503));
+    assert_eq!(readyz(port).unwrap().1, "not ready: model loading\n");
+    assert_eq!(http_get(port, "/healthz", "*/*").unwrap().0, 200, "alive while loading");
+    wait_until(T, "model_reloaded", || !col.events("model_reloaded").is_empty());
+    wait_until(Duration::from_secs(30), "/readyz ready after the reload", || readyz(port).is_some_and(|r| r.0 == 200));
+    wait_until(Duration::from_secs(30), "model_reloads_total 1", || value("yolo_edge_model_reloads_total") == Some(1.0));
+
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0), "exit code; log:\n{}", agent.log());
+    col.assert_all_typed();
 }

@@ -48,7 +48,16 @@ struct Raw {
     #[serde(default)]
     tuning: Tuning,
     #[serde(default)]
+    metrics: Option<RawMetrics>,
+    #[serde(default)]
     debug: RawDebug,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    /// `host:port` of the `/metrics`, `/healthz` and `/readyz` listener.
+    listen: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,6 +253,9 @@ impl Default for RawInput {
 struct RawDebug {
     #[serde(default)]
     inject_oom: Option<String>,
+    /// Milliseconds of sleep before each model load (tests watch `/readyz` during a load).
+    #[serde(default)]
+    model_load_delay_ms: Option<Ranged<0, 600_000>>,
 }
 
 fn d_auto() -> String {
@@ -456,6 +468,15 @@ pub struct Config {
     /// restart.
     pub tuning: Tuning,
     pub inject_oom: Option<crate::backend::oom::OomInjector>,
+    /// `[metrics]`: where `/metrics`, `/healthz` and `/readyz` are served (None: not served).
+    pub metrics: Option<MetricsConfig>,
+    /// `[debug] model_load_delay_ms`: a sleep before each model load (None: none).
+    pub model_load_delay: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    pub listen: std::net::SocketAddr,
 }
 
 /// Limits applied to every input before decoding (see [`crate::vision::preprocess::DecodeLimits`]).
@@ -719,11 +740,23 @@ impl Config {
                     }
                 }
                 RawSource::Mqtt { id, topic, id_from_topic_level } => {
-                    if topic.is_empty()
-                        || topic
-                            .split('/')
-                            .enumerate()
-                            .any(|(j, l)| l.contains('#') && (l != "#" || j != topic.split('/').count() - 1) || l.contains('+') && l != "+")
+                    // a shared subscription: `$share/<group>/<filter>`, the group one level without wildcards
+                    let filter = match topic.strip_prefix("$share/") {
+                        Some(rest) => match rest.split_once('/') {
+                            Some((group, f)) if !group.is_empty() && !group.contains(['+', '#']) => f,
+                            _ => {
+                                return Err(invalid(
+                                    &format!("sources[{i}].topic"),
+                                    format!("`{topic}` is not a valid shared subscription (`$share/<group>/<filter>`)"),
+                                ))
+                            }
+                        },
+                        None => topic.as_str(),
+                    };
+                    if filter.is_empty()
+                        || filter.split('/').enumerate().any(|(j, l)| {
+                            l.contains('#') && (l != "#" || j != filter.split('/').count() - 1) || l.contains('+') && l != "+"
+                        })
                     {
                         return Err(invalid(&format!("sources[{i}].topic"), format!("`{topic}` is not a valid topic filter")));
                     }
@@ -742,6 +775,22 @@ impl Config {
         let inject_oom = match raw.debug.inject_oom.filter(|s| !s.is_empty()) {
             None => None,
             Some(s) => Some(crate::backend::oom::OomInjector::parse(&s).map_err(|e| invalid("debug.inject_oom", e.to_string()))?),
+        };
+
+        let metrics = match raw.metrics {
+            None => None,
+            Some(m) => {
+                let listen = m.listen.parse::<std::net::SocketAddr>().map_err(|_| {
+                    invalid(
+                        "metrics.listen",
+                        format!("`{}` is not an address and port such as \"127.0.0.1:9464\" or \"[::1]:9464\"", m.listen),
+                    )
+                })?;
+                if listen.port() == 0 {
+                    return Err(invalid("metrics.listen", "needs a port (scrapers must know where to find it)".into()));
+                }
+                Some(MetricsConfig { listen })
+            }
         };
 
         Ok(Config {
@@ -763,6 +812,8 @@ impl Config {
             },
             tuning: raw.tuning,
             inject_oom,
+            metrics,
+            model_load_delay: raw.debug.model_load_delay_ms.filter(|d| d.0 > 0).map(|d| Duration::from_millis(d.0)),
         })
     }
 
@@ -787,7 +838,10 @@ impl Config {
         if self.tuning != new.tuning {
             v.push("tuning");
         }
-        if self.inject_oom != new.inject_oom {
+        if self.metrics != new.metrics {
+            v.push("metrics");
+        }
+        if self.inject_oom != new.inject_oom || self.model_load_delay != new.model_load_delay {
             v.push("debug");
         }
         v
@@ -943,6 +997,40 @@ path = "/in"
         // inside the tagged `[[sources]]` table the path ends at the entry; the message names the field
         let e = err(&MIN.replace("id = \"cam\"", "id = \"a/b\""));
         assert!(e.contains("`sources[0]`") && e.contains("id `a/b`"), "{e}");
+    }
+
+    #[test]
+    fn mqtt_sources_may_be_shared_subscriptions() {
+        let src =
+            |topic: &str| MIN.replace("type = \"folder\"\nid = \"cam\"\npath = \"/in\"", &format!("type = \"mqtt\"\ntopic = \"{topic}\""));
+        let c = Config::parse(&src("$share/workers/cams/+/jpeg"), Path::new("/a.toml")).unwrap();
+        assert!(matches!(&c.sources[0], SourceConfig::Mqtt { topic, .. } if topic == "$share/workers/cams/+/jpeg"));
+        for bad in ["$share/workers", "$share//cams/#", "$share/w+/cams/#", "$share/workers/", "$share/g/cams/#/x"] {
+            let e = err(&src(bad));
+            assert!(e.contains("`sources[0].topic`") && e.contains(bad), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn metrics_table_is_optional_validated_and_restart_only() {
+        let c = Config::parse(MIN, Path::new("/etc/a.toml")).unwrap();
+        assert_eq!(c.metrics, None);
+        let m = Config::parse(&format!("{MIN}\n[metrics]\nlisten = \"127.0.0.1:9464\"\n"), Path::new("/etc/a.toml")).unwrap();
+        assert_eq!(m.metrics, Some(MetricsConfig { listen: "127.0.0.1:9464".parse().unwrap() }));
+        assert_eq!(c.restart_required(&m), vec!["metrics"]);
+        let v6 = Config::parse(&format!("{MIN}\n[metrics]\nlisten = \"[::]:9464\"\n"), Path::new("/etc/a.toml")).unwrap();
+        assert_eq!(v6.metrics.unwrap().listen.port(), 9464);
+        let e = err(&format!("{MIN}\n[metrics]\nlisten = \"localhost\"\n"));
+        assert!(e.starts_with("/etc/a.toml:15:1: `metrics.listen`") && e.contains("`localhost` is not an address"), "{e}");
+        let e = err(&format!("{MIN}\n[metrics]\nlisten = \"127.0.0.1:0\"\n"));
+        assert!(e.contains("`metrics.listen`") && e.contains("needs a port"), "{e}");
+        let e = err(&format!("{MIN}\n[metrics]\nlisten = \"127.0.0.1:9464\"\nport = 1\n"));
+        assert!(e.contains("/etc/a.toml:16:") && e.contains("metrics") && e.contains("port"), "{e}");
+        let e = err(&format!("{MIN}\n[metrics]\n"));
+        assert!(e.contains("metrics") && e.contains("listen"), "{e}");
+        let d = Config::parse(&format!("{MIN}\n[debug]\nmodel_load_delay_ms = 1500\n"), Path::new("/etc/a.toml")).unwrap();
+        assert_eq!(d.model_load_delay, Some(Duration::from_millis(1500)));
+        assert_eq!(c.restart_required(&d), vec!["debug"]);
     }
 
     #[test]

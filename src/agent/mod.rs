@@ -1,10 +1,13 @@
 //! The edge agent (`yolo-edge run`): wires config, model, pipeline, sources, publisher,
-//! telemetry and config field updates together, and runs the lifecycle: until SIGTERM/SIGINT
-//! ([`run`]) or until a caller's shutdown future completes ([`run_with_shutdown`]).
+//! telemetry, the metrics listener and config field updates together, and runs the lifecycle:
+//! until SIGTERM/SIGINT ([`run`]) or until a caller's shutdown future completes
+//! ([`run_with_shutdown`]).
 
 pub mod config;
 pub mod events;
+pub mod http;
 pub mod messages;
+pub mod metrics;
 pub mod mqtt;
 pub mod pipeline;
 pub mod publisher;
@@ -55,6 +58,8 @@ pub enum AgentError {
     Plan(#[from] PlanError),
     #[error("first forward pass failed: {0}")]
     Warmup(candle_core::Error),
+    #[error("cannot listen on {addr} (metrics.listen): {source}")]
+    MetricsListen { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("cannot start the agent: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -118,6 +123,9 @@ pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, Agen
 }
 
 fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector, AgentError> {
+    if let Some(d) = cfg.model_load_delay {
+        std::thread::sleep(d);
+    }
     if let Some(want) = &cfg.model.sha256 {
         let path = cfg.model.path.clone();
         let got = crate::files::sha256_bounded(&path, crate::weights::MAX_MODEL_FILE_BYTES)
@@ -144,6 +152,25 @@ pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>)
     let compute_cache = crate::env::configure_compute_cache();
     let device = crate::backend::device::parse_device(&cfg.device.device)?;
     let dtype = crate::backend::device::parse_dtype(&cfg.device.dtype, &device)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().thread_name("agent-io").build()?;
+    let stats = Arc::new(Stats::default());
+    // the listener answers while the model loads: alive, not ready
+    let exporter = match &cfg.metrics {
+        Some(m) => {
+            let listener = std::net::TcpListener::bind(m.listen)
+                .and_then(|l| l.set_nonblocking(true).map(|_| l))
+                .map_err(|source| AgentError::MetricsListen { addr: m.listen, source })?;
+            let dev_name = crate::backend::device::device_name(&device);
+            let exporter = Arc::new(metrics::Exporter::new(stats.clone(), &dev_name, crate::backend::device::dtype_name(dtype)));
+            let _guard = rt.enter();
+            let listener =
+                tokio::net::TcpListener::from_std(listener).map_err(|source| AgentError::MetricsListen { addr: m.listen, source })?;
+            rt.spawn(http::serve(listener, exporter.clone()));
+            tracing::info!(listen = %m.listen, "serving /metrics, /healthz and /readyz");
+            Some(exporter)
+        }
+        None => None,
+    };
     let t0 = std::time::Instant::now();
     let detector = load_detector(&cfg, &device, dtype)?;
     let warm: Option<StartupTimes> = if device.is_cuda() {
@@ -169,12 +196,11 @@ pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>)
     }
     tracing::info!(model = %cfg.model.path.display(), device = %crate::backend::device::device_name(&device), dtype = crate::backend::device::dtype_name(dtype), batch, reason = %batch_reason, "agent starting");
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().thread_name("agent-io").build()?;
-    rt.block_on(run_async(cfg, device, dtype, detector, decision, warm, spool, shutdown))
+    rt.block_on(run_async(Started { cfg, device, dtype, detector, decision, warm, spool, stats, exporter }, shutdown))
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_async(
+/// What `run_with_shutdown` prepared before the runtime takes over.
+struct Started {
     cfg: Arc<Config>,
     device: Device,
     dtype: DType,
@@ -182,9 +208,12 @@ async fn run_async(
     decision: BatchDecision,
     warm: Option<StartupTimes>,
     spool: Spool,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), AgentError> {
-    let stats = Arc::new(Stats::default());
+    stats: Arc<Stats>,
+    exporter: Option<Arc<metrics::Exporter>>,
+}
+
+async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    let Started { cfg, device, dtype, detector, decision, warm, spool, stats, exporter } = started;
     let (batch, batch_reason) = (decision.batch, decision.reason.clone());
     if let Some(p) = &decision.plan {
         stats.plan_predicted_peak.store(p.predicted_peak, Relaxed);
@@ -211,6 +240,16 @@ async fn run_async(
     let control = pipeline.control.clone();
 
     let memory: Arc<dyn MemorySource> = Arc::new(DeviceMemorySource::new(&device));
+    if let Some(e) = &exporter {
+        e.attach(metrics::Context {
+            memory: memory.clone(),
+            model: model_meta.clone(),
+            max_batch: cfg.device.max_batch as u64,
+            spool_max_bytes: cfg.spool.max_bytes,
+        });
+    }
+    // loaded, warmed (CUDA) and planned: the pipeline runs it
+    stats.model_ready.store(true, Relaxed);
     let info = {
         let model_meta = model_meta.clone();
         let cfg_rx = cfg_rx.clone();
@@ -296,6 +335,7 @@ async fn run_async(
         tokio::spawn(reload::watch_config(cfg_tx, control, device.clone(), dtype, events.clone(), stats.clone(), stop_rx.clone()));
 
     shutdown.await;
+    stats.shutting_down.store(true, Relaxed);
     let grace = cfg_rx.borrow().shutdown_grace;
     tracing::info!(grace_s = grace.as_secs_f64(), "shutting down: intake stopped, draining");
     let _ = stop_tx.send(true);

@@ -126,7 +126,12 @@ pub enum Control {
 struct Decoded {
     job: Job,
     result: Result<Letterboxed, String>,
+    /// Reading and decoding, in milliseconds.
     ms: f64,
+    /// The letterbox after it, in milliseconds (None: the picture did not decode).
+    letterbox_ms: Option<f64>,
+    /// When the decode task finished (the queue wait runs from here to the batch's start).
+    ready: Instant,
 }
 
 /// Handles of the running pipeline threads.
@@ -202,7 +207,8 @@ impl Pipeline {
     }
 }
 
-fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<Letterboxed, String> {
+/// Decodes and letterboxes a picture; also returns the milliseconds the letterbox took.
+fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<(Letterboxed, f64), String> {
     let img = match &job.data {
         JobData::Bytes(b) => preprocess::decode_image(b, limits),
         JobData::File(p) => {
@@ -214,7 +220,9 @@ fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<Lett
         }
     }
     .map_err(|e| e.to_string())?;
-    Ok(preprocess::letterbox_fit(&img, imgsz, fit))
+    let t = Instant::now();
+    let lb = preprocess::letterbox_fit(&img, imgsz, fit);
+    Ok((lb, t.elapsed().as_secs_f64() * 1e3))
 }
 
 fn dispatch(
@@ -234,7 +242,11 @@ fn dispatch(
             let t = Instant::now();
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&job, &limits, imgsz, fit)))
                 .unwrap_or_else(|_| Err("decoder panicked on this input".to_string()));
-            let _ = tx.send(Decoded { job, result, ms: t.elapsed().as_secs_f64() * 1e3 });
+            let total_ms = t.elapsed().as_secs_f64() * 1e3;
+            let letterbox_ms = result.as_ref().ok().map(|r| r.1);
+            let result = result.map(|r| r.0);
+            let ms = total_ms - letterbox_ms.unwrap_or(0.0);
+            let _ = tx.send(Decoded { job, result, ms, letterbox_ms, ready: Instant::now() });
         });
         stats.q_decoded.fetch_add(1, Relaxed);
         if ordered.send(rx).is_err() {
@@ -303,6 +315,10 @@ impl Worker {
             };
             let frames: Vec<&Letterboxed> = items.iter().filter_map(|d| d.result.as_ref().ok()).collect();
             let mut out: VecDeque<FrameResult> = VecDeque::with_capacity(frames.len());
+            let start = Instant::now();
+            for d in items.iter().filter(|d| d.result.is_ok()) {
+                self.stats.record(Stage::QueueWait, start.saturating_duration_since(d.ready).as_secs_f64() * 1e3);
+            }
             if !frames.is_empty() {
                 self.last_work = Instant::now();
                 self.released = false;
@@ -311,7 +327,7 @@ impl Worker {
             }
             let label: Arc<str> = self.model.read().map(|m| Arc::from(m.label.as_str())).unwrap_or_else(|_| Arc::from("unknown"));
             for d in items {
-                self.stats.record(Stage::Decode, d.ms);
+                self.stats.record_decode(d.ms, d.letterbox_ms);
                 let outcome = match d.result {
                     Err(reason) => Outcome::Failed { job: d.job, stage: InputStage::Decode, reason },
                     Ok(lb) => match out.pop_front() {
@@ -320,7 +336,7 @@ impl Worker {
                             w: lb.geometry.orig_w,
                             h: lb.geometry.orig_h,
                             batch_size,
-                            decode_ms: d.ms,
+                            decode_ms: d.ms + d.letterbox_ms.unwrap_or(0.0),
                             infer_ms,
                             detections,
                             model: label.clone(),
@@ -475,6 +491,7 @@ impl Worker {
         if let Ok(mut m) = self.model.write() {
             *m = meta.clone();
         }
+        self.stats.model_ready.store(true, Relaxed);
         self.stats.model_reloads.fetch_add(1, Relaxed);
         self.events.emit(EventBody::ModelReloaded { from: old_meta.label, to: meta.label, path: meta.path, sha256: meta.sha256 });
     }

@@ -16,7 +16,7 @@ use crate::agent::messages::{self, EventBody, FrameImage, FrameLatency, ImageNam
 use crate::agent::mqtt::{self, Client, ConnEvent, Incoming};
 use crate::agent::pipeline::{Completion, ImageRef, Outcome};
 use crate::agent::spool::Spool;
-use crate::agent::telemetry::{self, FpsMeter, MemorySource, Stage, Stats};
+use crate::agent::telemetry::{self, FpsMeter, FrameResult, MemorySource, Stage, Stats};
 
 /// Most events kept while the broker is away (the oldest are dropped, counted, and logged).
 const MAX_PENDING_EVENTS: usize = 1000;
@@ -218,6 +218,9 @@ impl Publisher {
     fn update_gauges(&self) {
         let s = &self.p.stats;
         s.mqtt_queued.store((self.window.len() + self.resend.len()) as u64, Relaxed);
+        s.mqtt_inflight.store(self.window.len() as u64, Relaxed);
+        s.mqtt_connected.store(self.connected, Relaxed);
+        s.spool_accepting.store(self.p.spool.has_room(), Relaxed);
         s.spool_len.store(self.p.spool.len() as u64, Relaxed);
         s.spool_bytes.store(self.p.spool.bytes(), Relaxed);
     }
@@ -384,7 +387,7 @@ impl Publisher {
             ConnEvent::Message { topic, payload, properties } => {
                 if self.p.images.try_send(Incoming { topic: topic.clone(), payload, properties }).is_err() {
                     self.p.stats.inputs_rejected.fetch_add(1, Relaxed);
-                    self.p.stats.frames_failed.fetch_add(1, Relaxed);
+                    self.p.stats.count_frame(None, FrameResult::Failed);
                     self.p.events.emit(EventBody::InputRejected {
                         source: None,
                         image: None,
@@ -542,7 +545,7 @@ impl Publisher {
         match o {
             Outcome::Detected { job, w, h, batch_size, decode_ms, infer_ms, detections, model } => {
                 let t = Instant::now();
-                self.p.stats.frames_ok.fetch_add(1, Relaxed);
+                self.p.stats.count_frame(Some(&job.source), FrameResult::Ok);
                 self.seq += 1;
                 let image = match &job.image {
                     ImageRef::Path(p) => FrameImage::Path { path: p.to_string_lossy().into_owned(), w, h },
@@ -579,7 +582,7 @@ impl Publisher {
                 }
             }
             Outcome::Failed { job, stage, reason } => {
-                self.p.stats.frames_failed.fetch_add(1, Relaxed);
+                self.p.stats.count_frame(Some(&job.source), FrameResult::Failed);
                 self.p.stats.inputs_rejected.fetch_add(1, Relaxed);
                 let image = match &job.image {
                     ImageRef::Path(p) => ImageName::Path { path: p.to_string_lossy().into_owned() },

@@ -230,7 +230,11 @@ pub(super) async fn watch_config(
         applied.inject_oom = old.inject_oom;
         applied.mqtt.device_id = old.mqtt.device_id.clone();
         applied.mqtt.prefix = old.mqtt.prefix.clone();
+        applied.model_load_delay = old.model_load_delay;
+        applied.metrics = old.metrics.clone();
         if applied.model.path != old.model.path || applied.model.sha256 != old.model.sha256 {
+            // not ready until the inference thread runs the new model (it sets this back)
+            stats.model_ready.store(false, Relaxed);
             match load_model(applied.clone(), device.clone(), dtype, &busy, &mut stop).await {
                 LoadOutcome::Loaded(det) => {
                     det.use_graphs(true);
@@ -243,6 +247,7 @@ pub(super) async fn watch_config(
                 }
                 LoadOutcome::Failed(e) => {
                     // the running model stays; the edit is judged again when either file changes
+                    stats.model_ready.store(true, Relaxed);
                     let model = ModelStamp::of(&applied.model.path).await;
                     rejected = Some(Rejected { config_sha256: sha, model: Some(model) });
                     reject(e, old.sha256.clone());

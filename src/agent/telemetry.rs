@@ -1,8 +1,9 @@
-//! Agent telemetry: monotonic counters, per-stage latency percentiles, gauges, process RSS and
-//! device memory, snapshotted into the `telemetry` message.
+//! Agent telemetry: monotonic counters, per-stage latency percentiles and histograms, gauges,
+//! frames by source (a bounded label set), readiness, process RSS and device memory, snapshotted
+//! into the `telemetry` message (and read by `agent::metrics` for `/metrics`).
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -81,12 +82,99 @@ pub fn process_rss() -> Option<u64> {
 }
 
 /// Pipeline stages whose latency is tracked.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    /// Reading and decoding the picture (file or payload bytes).
     Decode = 0,
+    /// One batch's forward pass, candidates and NMS.
     Infer = 1,
+    /// Building the detection message.
     Post = 2,
+    /// From handing a detection to the MQTT client to its PUBACK.
     Publish = 3,
+    /// Letterboxing the decoded picture to the model's input size.
+    Preprocess = 4,
+    /// From a decoded picture being ready to its batch starting on the inference thread.
+    QueueWait = 5,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 6] = [Stage::Decode, Stage::Preprocess, Stage::QueueWait, Stage::Infer, Stage::Post, Stage::Publish];
+
+    /// The stage's name, as the `stage` label of `/metrics`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Decode => "decode",
+            Stage::Preprocess => "preprocess",
+            Stage::QueueWait => "queue_wait",
+            Stage::Infer => "infer",
+            Stage::Post => "post",
+            Stage::Publish => "publish",
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the latency histograms' buckets; `+Inf` follows.
+pub const LATENCY_BUCKETS_S: [f64; 16] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// A cumulative latency histogram (lock-free): per-bucket counts, the count and the sum.
+#[derive(Default)]
+pub struct LatencyHistogram {
+    /// Non-cumulative counts per bucket of [`LATENCY_BUCKETS_S`], then the `+Inf` bucket.
+    buckets: [AtomicU64; LATENCY_BUCKETS_S.len() + 1],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+/// A reading of a [`LatencyHistogram`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramReading {
+    /// `(upper bound in seconds, count in this bucket)`, non-cumulative; the last bound is `f64::MAX` (`+Inf`).
+    pub buckets: Vec<(f64, u64)>,
+    pub count: u64,
+    pub sum_s: f64,
+}
+
+impl LatencyHistogram {
+    pub fn observe(&self, seconds: f64) {
+        let s = if seconds.is_finite() { seconds.max(0.0) } else { 0.0 };
+        let i = LATENCY_BUCKETS_S.iter().position(|&b| s <= b).unwrap_or(LATENCY_BUCKETS_S.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add((s * 1e9) as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    pub fn read(&self) -> HistogramReading {
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_S.iter().zip(&self.buckets).map(|(&b, c)| (b, c.load(Relaxed))).collect();
+        buckets.push((f64::MAX, self.buckets[LATENCY_BUCKETS_S.len()].load(Relaxed)));
+        // the count is what the buckets hold (read in one pass, so that `+Inf` == `_count`)
+        let count = buckets.iter().map(|b| b.1).sum();
+        HistogramReading { buckets, count, sum_s: self.sum_ns.load(Relaxed) as f64 / 1e9 }
+    }
+}
+
+/// Most distinct `source` label values of the frame counters; later sources count as [`OTHER_SOURCE`].
+/// Configured sources are bounded by the config, but MQTT source ids come from the messages.
+pub const MAX_SOURCE_LABELS: usize = 32;
+/// The `source` label of frames past [`MAX_SOURCE_LABELS`].
+pub const OTHER_SOURCE: &str = "other";
+/// The `source` label of frames rejected before a source id was known (intake full, bad id).
+pub const UNKNOWN_SOURCE: &str = "unknown";
+
+/// The result of one picture, as the `result` label of the frame counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FrameResult {
+    Ok,
+    Failed,
+}
+
+impl FrameResult {
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameResult::Ok => "ok",
+            FrameResult::Failed => "failed",
+        }
+    }
 }
 
 /// Counters and gauges shared by all parts of the agent.
@@ -127,17 +215,88 @@ pub struct Stats {
     pub mqtt_queued: AtomicU64,
     pub spool_len: AtomicU64,
     pub spool_bytes: AtomicU64,
-    latencies: [Mutex<VecDeque<f32>>; 4],
+    /// Messages handed to the MQTT client and not yet acknowledged.
+    pub mqtt_inflight: AtomicU64,
+    pub mqtt_connected: AtomicBool,
+    /// Whether the spool has room for another detection.
+    pub spool_accepting: AtomicBool,
+    /// A model is loaded (and warmed up on CUDA) and the pipeline runs it; false while a model
+    /// (re)loads.
+    pub model_ready: AtomicBool,
+    /// SIGTERM/SIGINT came: intake stopped, draining.
+    pub shutting_down: AtomicBool,
+    latencies: [Mutex<VecDeque<f32>>; 6],
+    histograms: [LatencyHistogram; 6],
+    /// Pictures by source and result, at most [`MAX_SOURCE_LABELS`] sources (then `other`).
+    frames_by_source: Mutex<BTreeMap<(String, FrameResult), u64>>,
 }
 
 impl Stats {
     pub fn record(&self, stage: Stage, ms: f64) {
+        self.histograms[stage as usize].observe(ms / 1e3);
+        self.window(stage, ms);
+    }
+
+    /// Records one picture's decoding and letterbox: two histograms, and their sum in the
+    /// telemetry message's `decode` percentiles (read, decode and letterbox).
+    pub fn record_decode(&self, decode_ms: f64, letterbox_ms: Option<f64>) {
+        self.histograms[Stage::Decode as usize].observe(decode_ms / 1e3);
+        if let Some(l) = letterbox_ms {
+            self.histograms[Stage::Preprocess as usize].observe(l / 1e3);
+        }
+        self.window(Stage::Decode, decode_ms + letterbox_ms.unwrap_or(0.0));
+    }
+
+    fn window(&self, stage: Stage, ms: f64) {
         if let Ok(mut q) = self.latencies[stage as usize].lock() {
             if q.len() == WINDOW {
                 q.pop_front();
             }
             q.push_back(ms as f32);
         }
+    }
+
+    /// The latency histogram of a stage.
+    pub fn histogram(&self, stage: Stage) -> HistogramReading {
+        self.histograms[stage as usize].read()
+    }
+
+    /// Counts one picture's result (`frames_ok` or `frames_failed`, and by source; `None`: the
+    /// source was not known yet).
+    pub fn count_frame(&self, source: Option<&str>, result: FrameResult) {
+        match result {
+            FrameResult::Ok => self.frames_ok.fetch_add(1, Relaxed),
+            FrameResult::Failed => self.frames_failed.fetch_add(1, Relaxed),
+        };
+        let source = source.unwrap_or(UNKNOWN_SOURCE);
+        if let Ok(mut m) = self.frames_by_source.lock() {
+            if let Some(n) = m.get_mut(&(source.to_string(), result)) {
+                *n += 1;
+                return;
+            }
+            let known = m.keys().any(|(s, _)| s == source);
+            let label = if known || distinct_sources(&m) < MAX_SOURCE_LABELS { source } else { OTHER_SOURCE };
+            *m.entry((label.to_string(), result)).or_insert(0) += 1;
+        }
+    }
+
+    /// Pictures by `(source label, result)`.
+    pub fn frames_by_source(&self) -> Vec<(String, FrameResult, u64)> {
+        self.frames_by_source.lock().map(|m| m.iter().map(|((s, r), n)| (s.clone(), *r, *n)).collect()).unwrap_or_default()
+    }
+
+    /// Whether the agent can do its work: `Err` says why not (`/readyz`).
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down.load(Relaxed) {
+            return Err("shutting down");
+        }
+        if !self.model_ready.load(Relaxed) {
+            return Err("model loading");
+        }
+        if !self.mqtt_connected.load(Relaxed) && !self.spool_accepting.load(Relaxed) {
+            return Err("MQTT broker not connected and the spool is full");
+        }
+        Ok(())
     }
 
     pub fn percentiles(&self, stage: Stage) -> Percentiles {
@@ -149,6 +308,20 @@ impl Stats {
         let p = |q: f32| v[((v.len() - 1) as f32 * q).round() as usize];
         Percentiles { p50: p(0.5), p90: p(0.9), p99: p(0.99) }
     }
+}
+
+/// Distinct `source` labels in the frame counters, `other` not counted.
+fn distinct_sources(m: &BTreeMap<(String, FrameResult), u64>) -> usize {
+    let mut n = 0;
+    let mut last: Option<&str> = None;
+    // keys are sorted by source first: each source's entries are adjacent
+    for (s, _) in m.keys() {
+        if last != Some(s.as_str()) && s != OTHER_SOURCE {
+            n += 1;
+        }
+        last = Some(s.as_str());
+    }
+    n
 }
 
 /// Computes fps between two snapshots.
@@ -276,5 +449,73 @@ mod tests {
         assert!(m.process_used.unwrap() > 0 && m.process_high_water.unwrap() >= m.process_used.unwrap());
         assert!(m.total.unwrap() > 0 && m.free.unwrap() <= m.total.unwrap());
         assert!(process_rss().unwrap() > 0);
+    }
+
+    #[test]
+    fn latency_histograms_bucket_count_and_sum() {
+        let s = Stats::default();
+        for ms in [0.2, 0.7, 3.0, 3.0, 120_000.0] {
+            s.record(Stage::QueueWait, ms);
+        }
+        let h = s.histogram(Stage::QueueWait);
+        assert_eq!(h.count, 5);
+        assert!((h.sum_s - 120.0069).abs() < 1e-6, "{}", h.sum_s);
+        let at = |le: f64| h.buckets.iter().find(|b| b.0 == le).unwrap().1;
+        assert_eq!((at(0.0005), at(0.001), at(0.005), at(60.0), at(f64::MAX)), (1, 1, 2, 0, 1));
+        assert_eq!(h.buckets.len(), LATENCY_BUCKETS_S.len() + 1);
+        assert_eq!(s.histogram(Stage::Infer).count, 0);
+        // the percentile window of the telemetry message sees the same samples
+        assert_eq!(s.percentiles(Stage::QueueWait).p50, 3.0);
+        // decoding and letterbox: two histograms, their sum in the message's `decode`
+        s.record_decode(2.0, Some(1.0));
+        s.record_decode(2.0, Some(1.0));
+        s.record_decode(4.0, None);
+        assert_eq!((s.histogram(Stage::Decode).count, s.histogram(Stage::Preprocess).count), (3, 2));
+        assert!((s.histogram(Stage::Decode).sum_s - 0.008).abs() < 1e-9);
+        assert_eq!(s.percentiles(Stage::Decode).p50, 3.0);
+    }
+
+    #[test]
+    fn frames_by_source_hold_a_bounded_label_set() {
+        let s = Stats::default();
+        s.count_frame(Some("cam"), FrameResult::Ok);
+        s.count_frame(Some("cam"), FrameResult::Ok);
+        s.count_frame(Some("cam"), FrameResult::Failed);
+        s.count_frame(None, FrameResult::Failed);
+        for i in 0..100 {
+            s.count_frame(Some(&format!("mqtt-{i}")), FrameResult::Ok);
+        }
+        // a source seen before the cap keeps its label
+        s.count_frame(Some("cam"), FrameResult::Ok);
+        let v = s.frames_by_source();
+        let get = |src: &str, r: FrameResult| v.iter().find(|(s, x, _)| s == src && *x == r).map(|t| t.2);
+        assert_eq!(get("cam", FrameResult::Ok), Some(3));
+        assert_eq!(get("cam", FrameResult::Failed), Some(1));
+        assert_eq!(get(UNKNOWN_SOURCE, FrameResult::Failed), Some(1));
+        // cam, unknown and 30 MQTT ids: 32 labels, the other 70 pictures under `other`
+        assert_eq!(get("mqtt-29", FrameResult::Ok), Some(1));
+        assert_eq!(get("mqtt-30", FrameResult::Ok), None);
+        assert_eq!(get(OTHER_SOURCE, FrameResult::Ok), Some(70));
+        let labels: std::collections::BTreeSet<&str> = v.iter().map(|t| t.0.as_str()).collect();
+        assert_eq!(labels.len(), MAX_SOURCE_LABELS + 1);
+        assert_eq!((s.frames_ok.load(Relaxed), s.frames_failed.load(Relaxed)), (103, 2));
+    }
+
+    #[test]
+    fn readiness_needs_the_model_and_the_broker_or_the_spool() {
+        let s = Stats::default();
+        assert_eq!(s.readiness(), Err("model loading"));
+        s.model_ready.store(true, Relaxed);
+        assert!(s.readiness().unwrap_err().contains("spool is full"));
+        s.spool_accepting.store(true, Relaxed);
+        assert_eq!(s.readiness(), Ok(()));
+        s.spool_accepting.store(false, Relaxed);
+        s.mqtt_connected.store(true, Relaxed);
+        assert_eq!(s.readiness(), Ok(()));
+        s.model_ready.store(false, Relaxed);
+        assert_eq!(s.readiness(), Err("model loading"));
+        s.model_ready.store(true, Relaxed);
+        s.shutting_down.store(true, Relaxed);
+        assert_eq!(s.readiness(), Err("shutting down"));
     }
 }

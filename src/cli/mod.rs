@@ -9,6 +9,7 @@ mod eval;
 mod info;
 mod letterbox;
 mod plan;
+mod probe;
 mod run;
 
 use std::process::ExitCode;
@@ -73,6 +74,8 @@ enum Cmd {
     Plan(plan::PlanArgs),
     /// Write what the network sees: a picture letterboxed to the model input (PNG or u8 .npy).
     Letterbox(letterbox::LetterboxArgs),
+    /// Ask a running agent's `[metrics]` listener for /readyz or /healthz (exit 0: HTTP 200).
+    Probe(probe::ProbeArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -86,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Eval(a) => eval::run(a),
         Cmd::Info(a) => info::run(a),
         Cmd::Letterbox(a) => letterbox::run(a),
+        Cmd::Probe(a) => probe::run(a),
     }
 }
 

@@ -588,9 +588,12 @@ pub fn run_demo(dir: &Path, args: &[&str], timeout: Duration) -> DemoRun {
 /// the connection whenever a QoS 1 PUBLISH carries `poison` in its payload, and acknowledges
 /// and records every other one. Everything else the agent sends (CONNECT, PINGREQ, DISCONNECT)
 /// gets its normal answer.
+/// (topic, payload) of every publish a test broker acknowledged.
+pub type Published = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 pub struct PoisonBroker {
     pub port: u16,
-    pub published: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    pub published: Published,
     pub drops: Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -672,5 +675,115 @@ impl PoisonBroker {
             .filter(|(t, _)| t.ends_with(suffix) || t.contains(suffix))
             .filter_map(|(_, p)| serde_json::from_slice(p).ok())
             .collect()
+    }
+}
+
+/// Finds a program of the Debian `prometheus` package (`prometheus`, `promtool`); without it the
+/// test is skipped locally and FAILS under CI=true.
+pub fn prometheus_tool(name: &str) -> Option<PathBuf> {
+    for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{name} is not installed (apt-get install -y prometheus); required under CI=true");
+    }
+    eprintln!("SKIPPED: {name} is not installed");
+    None
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1: `(status, headers lowercased, body)`; `None` when the port
+/// does not answer.
+pub fn http_get(port: u16, path: &str, accept: &str) -> Option<(u16, String, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: {accept}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    // the test servers answer with Content-Length or close; chunked bodies are decoded here
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    Some((status, head.to_ascii_lowercase(), body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// `s` with every byte outside A-Z a-z 0-9 -_.~ percent-encoded (a URL query value).
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+/// A Prometheus server owned by the test (stopped on drop), scraping `targets` every second.
+pub struct Prometheus {
+    pub port: u16,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Prometheus {
+    pub fn start(dir: &Path, job: &str, targets: &[u16]) -> Option<Prometheus> {
+        let bin = prometheus_tool("prometheus")?;
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let list: Vec<String> = targets.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+        let conf = dir.join("prometheus.yml");
+        std::fs::write(
+            &conf,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: {job}\n    scrape_timeout: 1s\n    static_configs:\n      - targets: [{}]\n",
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let log = dir.join("prometheus.log");
+        let child = Command::new(bin)
+            .arg(format!("--config.file={}", conf.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let p = Prometheus { port, child, log };
+        wait_until(Duration::from_secs(60), "prometheus ready", || http_get(port, "/-/ready", "*/*").is_some_and(|r| r.0 == 200));
+        Some(p)
+    }
+
+    /// `GET /api/v1/query`: the `data.result` array of an instant query (panics on an error answer).
+    pub fn query(&self, expr: &str) -> Vec<serde_json::Value> {
+        let (status, _, body) = http_get(self.port, &format!("/api/v1/query?query={}", url_encode(expr)), "application/json")
+            .unwrap_or_else(|| panic!("prometheus did not answer; log:\n{}", self.log()));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{expr}: not JSON ({e}): {body}"));
+        assert!(status == 200 && v["status"] == "success", "{expr}: HTTP {status}: {body}");
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -10,7 +10,7 @@ use crate::agent::events::EventSink;
 use crate::agent::messages::{EventBody, ImageName, InputStage};
 use crate::agent::mqtt::Incoming;
 use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
-use crate::agent::telemetry::Stats;
+use crate::agent::telemetry::{FrameResult, Stats};
 
 /// A configured image topic.
 #[derive(Debug, Clone)]
@@ -21,8 +21,22 @@ pub struct MqttSource {
     pub id_level: usize,
 }
 
-/// MQTT topic filter matching (`+` one level, `#` the rest).
+/// The filter a shared subscription (`$share/<group>/<filter>`, MQTT 5 and Mosquitto's 3.1.1)
+/// delivers messages of: incoming messages carry their own topic, never the `$share` prefix.
+pub fn unshared(filter: &str) -> &str {
+    match filter.strip_prefix("$share/") {
+        Some(rest) => rest.split_once('/').map_or("", |(_, f)| f),
+        None => filter,
+    }
+}
+
+/// MQTT topic filter matching (`+` one level, `#` the rest; a shared subscription's filter
+/// matches as its `<filter>` part). A wildcard first level does not match a `$` topic.
 pub fn matches(filter: &str, topic: &str) -> bool {
+    let filter = unshared(filter);
+    if filter.is_empty() || topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+        return false;
+    }
     let mut t = topic.split('/');
     for f in filter.split('/') {
         match (f, t.next()) {
@@ -87,7 +101,7 @@ pub async fn run(
             (Ok(id), Ok(image)) => (id, image),
             (Err(reason), _) | (_, Err(reason)) => {
                 stats.inputs_rejected.fetch_add(1, Relaxed);
-                stats.frames_failed.fetch_add(1, Relaxed);
+                stats.count_frame(None, FrameResult::Failed);
                 // the topic names the message (MQTT bounds it; a long one is left out of the event)
                 let topic = (m.topic.len() <= 256).then(|| m.topic.clone());
                 events.emit(EventBody::InputRejected { source: None, image: None, topic, stage: InputStage::Intake, reason });
@@ -96,7 +110,7 @@ pub async fn run(
         };
         if m.payload.is_empty() {
             stats.inputs_rejected.fetch_add(1, Relaxed);
-            stats.frames_failed.fetch_add(1, Relaxed);
+            stats.count_frame(Some(&id), FrameResult::Failed);
             events.emit(EventBody::InputRejected {
                 source: Some(id.clone()),
                 image: Some(ImageName::Id { id: image_id }),
@@ -129,6 +143,24 @@ mod tests {
         assert!(!matches("cams/+/jpeg", "cams/a/b/jpeg"));
         assert!(matches("cams/#", "cams/a/b"));
         assert!(!matches("cams/a", "cams/a/b"));
+        assert!(!matches("#", "$SYS/broker/uptime") && !matches("+/broker/uptime", "$SYS/broker/uptime"));
+        assert!(matches("$SYS/#", "$SYS/broker/uptime"));
+    }
+
+    #[test]
+    fn shared_subscriptions_match_their_filter_part() {
+        assert_eq!(unshared("$share/workers/cams/+/jpeg"), "cams/+/jpeg");
+        assert_eq!(unshared("cams/+/jpeg"), "cams/+/jpeg");
+        assert!(matches("$share/workers/cams/+/jpeg", "cams/door/jpeg"));
+        assert!(matches("$share/g/t", "t"));
+        assert!(matches("$share/g/#", "site/cam1/jpeg"));
+        assert!(!matches("$share/g/t", "$share/g/t"));
+        assert!(!matches("$share/g/cams/+/jpeg", "cams/door/png"));
+        assert!(!matches("$share/g", "g"));
+        // the source id comes from the message's topic, not the filter
+        let src = MqttSource { id: None, filter: "$share/workers/cams/+/jpeg".into(), id_level: 2 };
+        let m = Incoming { topic: "cams/door/jpeg".into(), payload: vec![], properties: vec![] };
+        assert_eq!(source_id(&src, &m).unwrap(), "door");
         let src = MqttSource { id: None, filter: "cams/+/jpeg".into(), id_level: 2 };
         let m = Incoming { topic: "cams/door/jpeg".into(), payload: vec![], properties: vec![] };
         assert_eq!(source_id(&src, &m).unwrap(), "door");
