@@ -176,6 +176,24 @@ fn broker_killed_and_restarted_twice_during_2000_images() {
     let tel: Telemetry = col.on("/telemetry").last().unwrap().parse();
     assert!(tel.mqtt.reconnects >= 2, "{tel:?}");
     assert!(tel.mqtt.spooled_total >= 100, "{tel:?}");
+    assert_eq!(tel.frames.ok, 2000, "telemetry after the reconnects counts every frame: {tel:?}");
+    // the link's events: each loss, and each return with how long and how much was spooled
+    let lost = col.events("mqtt_disconnected");
+    let back: Vec<(f64, u64, u32)> = col
+        .events("mqtt_reconnected")
+        .into_iter()
+        .map(|e| match e {
+            EventBody::MqttReconnected { down_s, spooled, attempts, .. } => (down_s, spooled, attempts),
+            _ => unreachable!(),
+        })
+        .collect();
+    eprintln!("link events: {} lost, back {back:?}", lost.len());
+    assert!(lost.len() >= 2 && back.len() >= 2, "{lost:?} {back:?}");
+    for &(down_s, spooled, attempts) in &back {
+        assert!(down_s > 0.0 && down_s < 300.0 && attempts >= 1, "{back:?}");
+        assert!(spooled <= tel.mqtt.spooled_total, "{back:?}");
+    }
+    assert!(back.iter().map(|b| b.1).sum::<u64>() >= 100, "the two stops spooled at least 50 each: {back:?}");
     eprintln!("duplicates delivered: {}", dets.len() - 2000);
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));

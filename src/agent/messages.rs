@@ -721,6 +721,23 @@ pub enum EventBody {
         /// The folder.
         path: String,
     },
+    /// The connection to the broker was lost; detections go to the spool until it is back.
+    /// Published once the agent is connected again (its `ts` is the moment of the loss).
+    MqttDisconnected {
+        /// Why the connection ended, as the client saw it.
+        reason: String,
+    },
+    /// Connected again after a loss.
+    MqttReconnected {
+        /// Seconds from the loss to this connection.
+        down_s: f64,
+        /// Why the connection had ended.
+        reason: String,
+        /// Detection messages written to the spool meanwhile (they are sent now, oldest first).
+        spooled: u64,
+        /// Connection attempts it took.
+        attempts: u32,
+    },
     /// The broker refused the connection (the agent retries with backoff).
     MqttRefused {
         /// The broker's reason.
@@ -772,6 +789,8 @@ impl EventBody {
             Self::InputRejected { .. } => "input_rejected",
             Self::SourceError { .. } => "source_error",
             Self::SourceRecovered { .. } => "source_recovered",
+            Self::MqttDisconnected { .. } => "mqtt_disconnected",
+            Self::MqttReconnected { .. } => "mqtt_reconnected",
             Self::MqttRefused { .. } => "mqtt_refused",
             Self::PublishRefused { .. } => "publish_refused",
             Self::SpoolError { .. } => "spool_error",
@@ -1136,6 +1155,8 @@ pub(crate) mod examples {
                 error: "No such file or directory (os error 2)".into(),
             },
             EventBody::SourceRecovered { source: "cam".into(), path: "/data/in".into() },
+            EventBody::MqttDisconnected { reason: "Connection closed by peer abruptly".into() },
+            EventBody::MqttReconnected { down_s: 12.5, reason: "Connection closed by peer abruptly".into(), spooled: 240, attempts: 5 },
             EventBody::MqttRefused { reason: "BadUserNamePassword".into(), auth: true },
             EventBody::PublishRefused {
                 topic: "yolo-edge/box-1/detections/cam".into(),

@@ -92,6 +92,12 @@ struct Publisher {
     conn_rx: mpsc::Receiver<(u64, ConnEvent)>,
     /// Whether the last telemetry reading had the process over the planner's budget.
     over_budget: bool,
+    /// Since when the broker has been away, why, and the spool count then (for the
+    /// `mqtt_reconnected` event); connection attempts since.
+    down: Option<(Instant, String, u64)>,
+    attempts: u32,
+    /// The latest telemetry made while offline, sent on reconnect.
+    pending_telemetry: Option<Msg>,
     /// Acknowledgements still to come before detections go out in a full window again: after
     /// the broker dropped the connection, detections go one at a time, so that a drop names
     /// the one message in flight.
@@ -127,6 +133,9 @@ pub async fn run(parts: PublisherParts) {
         seq: 0,
         started: Instant::now(),
         over_budget: false,
+        down: None,
+        attempts: 0,
+        pending_telemetry: None,
         careful: 0,
         suspects: HashMap::new(),
         fps: FpsMeter::new(0),
@@ -227,6 +236,7 @@ impl Publisher {
 
     fn connect(&mut self) {
         self.gen += 1;
+        self.attempts += 1;
         self.reconnect_at = None;
         let cap = self.max_inflight() * 2 + 64;
         tracing::info!(host = %self.cfg.mqtt.host, port = self.cfg.mqtt.port, protocol = %self.cfg.mqtt.protocol, "connecting to MQTT broker");
@@ -240,6 +250,11 @@ impl Publisher {
     /// a time for a while; a drop with one in flight counts against it (see [`POISON_DROPS`]).
     fn lost(&mut self, reason: String, suspect: bool) {
         let suspect = suspect && self.connected;
+        if self.connected {
+            self.down = Some((Instant::now(), reason.clone(), self.p.stats.spooled_total.load(Relaxed)));
+            self.attempts = 0;
+            self.p.events.emit(EventBody::MqttDisconnected { reason: reason.clone() });
+        }
         if suspect {
             if self.careful > 0 {
                 let alone = self.window.iter().find_map(|f| match (f.msg.kind, &f.msg.origin) {
@@ -341,6 +356,15 @@ impl Publisher {
                 let online = Status::Online.as_payload().into();
                 self.send(Msg { topic: status, payload: online, retain: true, qos: 1, kind: Kind::Other, origin: Origin::None });
                 self.send(info);
+                if let Some((since, reason, spooled)) = self.down.take() {
+                    let spooled = self.p.stats.spooled_total.load(Relaxed).saturating_sub(spooled);
+                    let down_s = since.elapsed().as_secs_f64();
+                    tracing::info!(down_s, spooled, attempts = self.attempts, "MQTT back after a loss");
+                    self.p.events.emit(EventBody::MqttReconnected { down_s, reason, spooled, attempts: self.attempts });
+                }
+                if let Some(t) = self.pending_telemetry.take() {
+                    self.send(t);
+                }
                 if let Some(c) = &self.client {
                     for f in &self.p.image_filters {
                         if let Err(e) = c.try_subscribe(f) {
@@ -629,16 +653,19 @@ impl Publisher {
         self.update_gauges();
         let uptime = self.started.elapsed().as_secs_f64();
         let v = telemetry::snapshot(&self.p.stats, &mem, fps, uptime, &self.cfg.mqtt.device_id, &self.p.boot_id, now_ts());
+        let msg = Msg {
+            topic: self.topic("telemetry"),
+            payload: serde_json::to_vec(&v).unwrap_or_default(),
+            retain: false,
+            qos: 1,
+            kind: Kind::Other,
+            origin: Origin::None,
+        };
         if self.connected && self.window.len() < self.max_inflight() + 16 {
-            let t = self.topic("telemetry");
-            self.send(Msg {
-                topic: t,
-                payload: serde_json::to_vec(&v).unwrap_or_default(),
-                retain: false,
-                qos: 1,
-                kind: Kind::Other,
-                origin: Origin::None,
-            });
+            self.send(msg);
+        } else if !self.connected {
+            // the counters are cumulative: the latest snapshot accounts for everything offline
+            self.pending_telemetry = Some(msg);
         }
     }
 
