@@ -638,6 +638,75 @@ fn agent_rect_frames_match_detect() {
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
 
+/// `yolo-edge fleet --json` against one broker with 16 agents (the small model on the CPU): all
+/// 16 listed online with their model, device, batch and the frames each processed; an agent
+/// killed with SIGKILL shows offline (its Last Will) within the keep-alive.
+#[test]
+fn fleet_lists_sixteen_agents_and_a_killed_one_goes_offline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/+/status", ClientOpts::default());
+    let jpeg = small_jpeg("horses.jpg", 64);
+    let mut agents = Vec::new();
+    for i in 0..16 {
+        let dir = tmp.path().join(format!("a{i:02}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut conf = AgentConf::new(&dir, broker.port);
+        conf.device_id = format!("box-{i:02}");
+        conf.telemetry_s = 0.5;
+        let cfg = dir.join("agent.toml");
+        conf.write(&cfg);
+        agents.push((Agent::spawn(&cfg, &[]), conf));
+    }
+    wait_until(T, "16 agents online", || {
+        col.on("/status").iter().filter(|m| m.status() == Status::Online).map(|m| m.topic.clone()).collect::<BTreeSet<_>>().len() == 16
+    });
+    for (i, (_, conf)) in agents.iter().enumerate() {
+        drop_images(&conf.input, 0, i % 4, &jpeg);
+    }
+    for (i, (_, conf)) in agents.iter().enumerate() {
+        wait_until(T, "pictures done", || files_in(&conf.input.join("done")).len() == i % 4);
+    }
+    let fleet = |wait: &str| -> Vec<serde_json::Value> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+            .args(["fleet", "--broker", &format!("127.0.0.1:{}", broker.port), "--json", "--wait", wait])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // telemetry every 0.5 s: a 2 s window holds a snapshot taken after the pictures were done
+    let rows = fleet("2");
+    assert_eq!(rows.len(), 16, "{rows:?}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["device_id"], format!("box-{i:02}"));
+        assert_eq!(r["online"], true, "{r}");
+        assert!(r["model"].as_str().unwrap().contains("yolov9t"), "{r}");
+        assert_eq!((r["device"].as_str().unwrap(), r["dtype"].as_str().unwrap()), ("cpu", "f32"), "{r}");
+        assert_eq!(r["batch"], 4, "{r}");
+        assert_eq!(r["frames_ok"], (i % 4) as u64, "{r}");
+        assert!(r["fps"].is_number() && r["infer_p99_ms"].is_number() && r["last_seen"].is_string(), "{r}");
+    }
+    // SIGKILL: no clean `offline`; the broker publishes the Last Will after 1.5 keep-alives (5 s)
+    let killed = std::time::Instant::now();
+    agents[5].0.signal(libc::SIGKILL);
+    wait_until(Duration::from_secs(20), "the killed agent's Last Will", || {
+        col.on("/status").iter().any(|m| m.topic.contains("box-05") && m.status() == Status::Offline)
+    });
+    let after = killed.elapsed();
+    eprintln!("Last Will after {after:?}");
+    assert!(after <= Duration::from_secs(10), "{after:?}");
+    let rows = fleet("1");
+    let offline: Vec<&str> = rows.iter().filter(|r| r["online"] == false).map(|r| r["device_id"].as_str().unwrap()).collect();
+    assert_eq!(offline, ["box-05"]);
+    for (i, (agent, _)) in agents.iter_mut().enumerate() {
+        if i != 5 {
+            agent.signal(libc::SIGTERM);
+            assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+        }
+    }
+}
+
 /// CA + server certificate for 127.0.0.1/localhost, written as PEM files; returns the CA PEM.
 fn make_certs(dir: &std::path::Path) -> Vec<u8> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};

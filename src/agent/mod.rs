@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod events;
+pub mod fleet;
 pub mod http;
 pub mod messages;
 pub mod metrics;

@@ -116,6 +116,16 @@ pub fn max_incoming_packet(input_max_bytes: u64) -> usize {
 /// loop runs in a task until the connection ends, sending `(gen, event)` to `events`. Packets
 /// from the broker are accepted up to `max_incoming` bytes ([`max_incoming_packet`]).
 pub fn connect(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, events: mpsc::Sender<(u64, ConnEvent)>) -> Client {
+    connect_with(cfg, max_incoming, cap, gen, events, true)
+}
+
+/// [`connect`] for a client that only watches (`yolo-edge fleet`): no Last Will, so that
+/// closing it never marks the agent whose config it borrowed as offline.
+pub fn connect_observer(cfg: &MqttConfig, cap: usize, events: mpsc::Sender<(u64, ConnEvent)>) -> Client {
+    connect_with(cfg, 1 << 20, cap, 0, events, false)
+}
+
+fn connect_with(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, events: mpsc::Sender<(u64, ConnEvent)>, will: bool) -> Client {
     let status = cfg.topic("status");
     let inflight = cfg.max_inflight.clamp(1, u16::MAX as usize - 1) as u16;
     match cfg.protocol {
@@ -125,8 +135,10 @@ pub fn connect(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, even
                 .set_clean_session(true)
                 .set_inflight(inflight)
                 .set_max_packet_size(max_incoming, MAX_OUTGOING_PACKET)
-                .set_last_will(rumqttc::LastWill::new(status, Status::Offline.as_payload(), QoS::AtLeastOnce, true))
                 .set_transport(transport(cfg));
+            if will {
+                o.set_last_will(rumqttc::LastWill::new(status, Status::Offline.as_payload(), QoS::AtLeastOnce, true));
+            }
             if let Some(u) = &cfg.username {
                 o.set_credentials(u, cfg.password.clone().unwrap_or_default());
             }
@@ -141,8 +153,10 @@ pub fn connect(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, even
                 .set_clean_start(true)
                 .set_outgoing_inflight_upper_limit(inflight)
                 .set_max_packet_size(Some(u32::try_from(max_incoming).unwrap_or(u32::MAX)))
-                .set_last_will(LastWill::new(status, Status::Offline.as_payload(), rumqttc::v5::mqttbytes::QoS::AtLeastOnce, true, None))
                 .set_transport(transport(cfg));
+            if will {
+                o.set_last_will(LastWill::new(status, Status::Offline.as_payload(), rumqttc::v5::mqttbytes::QoS::AtLeastOnce, true, None));
+            }
             if let Some(u) = &cfg.username {
                 o.set_credentials(u, cfg.password.clone().unwrap_or_default());
             }

@@ -6,6 +6,7 @@ mod convert;
 mod demo;
 mod detect;
 mod eval;
+mod fleet;
 mod info;
 mod letterbox;
 mod plan;
@@ -29,7 +30,7 @@ pub mod exit {
     pub const DEVICE: u8 = 5;
     /// The configuration is invalid.
     pub const CONFIG: u8 = 6;
-    /// `demo`: no MQTT broker (the embedded one did not start, or `--broker` is unreachable).
+    /// `demo`, `fleet`: no MQTT broker (the embedded one did not start, or `--broker` is unreachable).
     pub const BROKER: u8 = 7;
     /// `demo`: not every sample picture was reported (timeout, or the agent stopped).
     pub const INCOMPLETE: u8 = 8;
@@ -76,6 +77,8 @@ enum Cmd {
     Letterbox(letterbox::LetterboxArgs),
     /// Ask a running agent's `[metrics]` listener for /readyz or /healthz (exit 0: HTTP 200).
     Probe(probe::ProbeArgs),
+    /// Watch every agent on a broker: status, model, device, batch, memory, img/s, p99, last seen.
+    Fleet(fleet::FleetArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -90,6 +93,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Info(a) => info::run(a),
         Cmd::Letterbox(a) => letterbox::run(a),
         Cmd::Probe(a) => probe::run(a),
+        Cmd::Fleet(a) => fleet::run(a),
     }
 }
 
