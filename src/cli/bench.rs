@@ -48,6 +48,10 @@ pub struct BenchArgs {
     images: Vec<PathBuf>,
     #[arg(long, default_value_t = 640)]
     imgsz: usize,
+    /// Model-mode input as WxH (multiples of 32, at most imgsz a side), e.g. 640x384 for the rect
+    /// letterbox of a 16:9 frame; default imgsz x imgsz.
+    #[arg(long, value_parser = parse_input)]
+    input: Option<(usize, usize)>,
     /// Untimed runs before timing each batch.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
@@ -121,6 +125,15 @@ enum Work<'a> {
     E2e { files: Vec<&'a PathBuf>, th: Thresholds },
 }
 
+fn parse_input(s: &str) -> Result<(usize, usize), String> {
+    let (w, h) = s.split_once('x').ok_or("expected WxH")?;
+    let (w, h): (usize, usize) = (w.parse().map_err(|e| format!("{w}: {e}"))?, h.parse().map_err(|e| format!("{h}: {e}"))?);
+    if w == 0 || h == 0 || w % 32 != 0 || h % 32 != 0 {
+        return Err(format!("{s}: sides must be positive multiples of 32"));
+    }
+    Ok((w, h))
+}
+
 fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
     match w {
         Work::Model(x) => {
@@ -190,10 +203,10 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
     };
     let iters = a.iters.min(512 / batch).max(3);
     let r = (|| -> candle_core::Result<(Vec<f64>, u64)> {
-        let s = det.imgsz();
+        let (w, h) = a.input.unwrap_or((det.imgsz(), det.imgsz()));
         // the batch input counts (as in PyTorch's max_memory_allocated), its f32 staging does not
         let (work, input_bytes) = if mode == "model" {
-            let x = Tensor::rand(0f32, 1f32, (batch, 3, s, s), det.device())?.to_dtype(det.dtype())?;
+            let x = Tensor::rand(0f32, 1f32, (batch, 3, h, w), det.device())?.to_dtype(det.dtype())?;
             let n = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
             (Work::Model(x), n)
         } else {
@@ -249,6 +262,9 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     a.tuning.install()?;
     anyhow::ensure!(a.imgsz > 0 && a.imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
+    if let Some((w, h)) = a.input {
+        anyhow::ensure!(w.max(h) <= a.imgsz, "--input {w}x{h} is larger than --imgsz {}", a.imgsz);
+    }
     anyhow::ensure!(a.max_batch >= 1, "--max-batch must be at least 1");
     let cache = yolo_edge::env::configure_compute_cache();
     let dev = device::parse_device(&a.device)?;
@@ -321,7 +337,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     report::write(&a.out.join("bench.csv"), &report::csv(&rows))?;
     let json = serde_json::json!({"device": device::device_name(&dev), "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});
     report::write(&a.out.join("bench.json"), &serde_json::to_string_pretty(&json)?)?;
-    let title = a.title.clone().unwrap_or_else(|| format!("yolo-edge bench on {}, {}x{}", device::device_name(&dev), a.imgsz, a.imgsz));
+    let title = a.title.clone().unwrap_or_else(|| {
+        let (w, h) = a.input.unwrap_or((a.imgsz, a.imgsz));
+        format!("yolo-edge bench on {}, {w}x{h}", device::device_name(&dev))
+    });
     if let Err(e) = report::chart(&rows, &title, &a.out.join("bench.png")) {
         eprintln!("warning: {e}");
     }
