@@ -24,8 +24,8 @@
 //! integrated GPU (which shares host RAM) take host memory capped by the cgroups; a discrete
 //! GPU's own memory is what its driver reports (the cgroup does not limit device memory).
 //!
-//! May use: the standard library, serde and thiserror. Files are read with a size bound and their contents
-//! are never trusted: anything unexpected is a [`HostMemError`], never a panic.
+//! May use: the standard library, serde and thiserror. Files are read with a size bound and
+//! their contents are never trusted: anything unexpected is a [`HostMemError`], never a panic.
 
 use std::fmt;
 use std::io::Read;
