@@ -10,9 +10,11 @@
 //!   v1 hierarchy at `sys/fs/cgroup/memory` (`memory.limit_in_bytes`, `memory.usage_in_bytes`);
 //!   otherwise the cgroup v2 line `0::` and the unified hierarchy at `sys/fs/cgroup`
 //!   (`memory.max`, `memory.high`, `memory.current`). Every cgroup from the process's own up to
-//!   the mount's root is read, since a parent's limit binds its children too. A path that is not
-//!   under the mount (a container without its own cgroup namespace sees its own cgroup mounted
-//!   as the root) falls back to the mount's root, read as the process's own cgroup.
+//!   the mount's root is read, since a parent's limit binds its children too.
+//! - `/proc/self/mountinfo`: which cgroup the memory mount shows at its root (a container
+//!   without its own cgroup namespace has its own cgroup, `/docker/<id>`, mounted as the root);
+//!   the process's path is followed below it. A path that is still not under the mount (no
+//!   mountinfo) falls back to the mount's root, read as the process's own cgroup.
 //! - Usage is the cgroup's working set: its usage minus inactive file cache (`memory.stat`
 //!   `inactive_file`, v1 `total_inactive_file`), which the kernel reclaims before it OOM-kills.
 //!   A limit's headroom is the limit minus that usage; the tightest headroom wins.
@@ -218,13 +220,15 @@ impl CgroupLimit {
 /// The two cgroup hierarchies' memory files.
 #[derive(Debug, Clone, Copy)]
 struct Files {
+    v1: bool,
     limits: &'static [&'static str],
     usage: &'static str,
     inactive_file: &'static str,
 }
 
-const V2: Files = Files { limits: &["memory.max", "memory.high"], usage: "memory.current", inactive_file: "inactive_file" };
-const V1: Files = Files { limits: &["memory.limit_in_bytes"], usage: "memory.usage_in_bytes", inactive_file: "total_inactive_file" };
+const V2: Files = Files { v1: false, limits: &["memory.max", "memory.high"], usage: "memory.current", inactive_file: "inactive_file" };
+const V1: Files =
+    Files { v1: true, limits: &["memory.limit_in_bytes"], usage: "memory.usage_in_bytes", inactive_file: "total_inactive_file" };
 
 /// Every memory limit set on this process's cgroup and its ancestors (empty: none, or no cgroup
 /// memory controller).
@@ -243,8 +247,10 @@ pub fn cgroup_limits(root: &SysRoot) -> Result<Vec<CgroupLimit>, HostMemError> {
     if !mount.is_dir() {
         return Ok(Vec::new());
     }
+    let mountinfo = read_optional(&root.proc.join("self/mountinfo"))?;
+    let mount_root = mountinfo.as_deref().and_then(|m| mount_root_of(m, files.v1));
     let mut out = Vec::new();
-    for (dir, name) in ancestry(&mount, cgroup) {
+    for (dir, name) in ancestry(&mount, mount_root.as_deref(), cgroup) {
         out.extend(limits_in(&dir, &name, files)?);
     }
     Ok(out)
@@ -276,17 +282,37 @@ fn membership(text: &str) -> Option<Membership<'_>> {
     v2
 }
 
+/// The cgroup a memory cgroup mount shows as its root, from `/proc/self/mountinfo` (field 4 of
+/// the `cgroup` mount with the `memory` option for v1, of the `cgroup2` mount for v2): `/` on a
+/// host, the container's own cgroup (`/docker/<id>`) in a container without a cgroup namespace.
+fn mount_root_of(mountinfo: &str, v1: bool) -> Option<String> {
+    mountinfo.lines().find_map(|line| {
+        let (mount, fs) = line.split_once(" - ")?;
+        let mut fs = fs.split_whitespace();
+        let (fstype, _source, options) = (fs.next()?, fs.next()?, fs.next().unwrap_or(""));
+        let memory = if v1 { fstype == "cgroup" && options.split(',').any(|o| o == "memory") } else { fstype == "cgroup2" };
+        memory.then(|| mount.split_whitespace().nth(3).map(str::to_string)).flatten()
+    })
+}
+
 /// The folders of `cgroup` and its ancestors under `mount`, each with its cgroup path, from the
-/// process's own cgroup up to the mount's root. A path that is not a folder under the mount (or
-/// that is not a plain absolute path) is the process's cgroup mounted as the root itself.
-fn ancestry(mount: &Path, cgroup: &str) -> Vec<(PathBuf, String)> {
-    let parts: Vec<&str> = cgroup.split('/').filter(|p| !p.is_empty()).collect();
-    let plain = cgroup.starts_with('/') && parts.iter().all(|p| *p != "." && *p != "..");
-    let own = mount.join(parts.join("/"));
-    if !plain || !own.is_dir() {
+/// process's own cgroup up to the mount's root. `mount_root` is the cgroup the mount shows at its
+/// root (`/` where unknown). A path that is not a folder under the mount (or that is not a plain
+/// absolute path) is the process's cgroup mounted as the root itself.
+fn ancestry(mount: &Path, mount_root: Option<&str>, cgroup: &str) -> Vec<(PathBuf, String)> {
+    let split = |p: &str| -> Vec<String> { p.split('/').filter(|c| !c.is_empty()).map(str::to_string).collect() };
+    let plain = |p: &str, parts: &[String]| p.starts_with('/') && parts.iter().all(|c| c != "." && c != "..");
+    let parts = split(cgroup);
+    // the components of the mount's root cgroup, where they lead the process's path
+    let root = match mount_root {
+        Some(m) if plain(m, &split(m)) && parts.starts_with(&split(m)) => split(m),
+        _ => Vec::new(),
+    };
+    let own = mount.join(parts[root.len()..].join("/"));
+    if !plain(cgroup, &parts) || !own.is_dir() {
         return vec![(mount.to_path_buf(), cgroup.to_string())];
     }
-    (0..=parts.len()).rev().map(|n| (mount.join(parts[..n].join("/")), format!("/{}", parts[..n].join("/")))).collect()
+    (root.len()..=parts.len()).rev().map(|n| (mount.join(parts[root.len()..n].join("/")), format!("/{}", parts[..n].join("/")))).collect()
 }
 
 /// The limits set in one cgroup folder.
@@ -501,6 +527,40 @@ mod tests {
         assert_eq!(m.free, 2 * GIB - GIB / 2);
         assert_eq!(m.total, 2 * GIB);
         assert_eq!(m.limit.to_string(), "cgroup:/docker/x memory.limit_in_bytes");
+    }
+
+    #[test]
+    fn v1_container_mount_root_from_mountinfo_walks_below_it() {
+        // systemd inside a v1 container without a cgroup namespace: the mount's root is
+        // /docker/x (mountinfo field 4), the service's cgroup is below it and has the tighter limit
+        let (_d, root) = tree(vec![
+            meminfo(gib_kb(64), gib_kb(40), gib_kb(50)),
+            self_cgroup("11:memory:/docker/x/system.slice/yolo-edge.service\n0::/docker/x/system.slice/yolo-edge.service\n"),
+            vec![(
+                "proc/self/mountinfo".into(),
+                "731 730 0:59 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+                 735 731 0:32 /docker/x /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime master:15 - cgroup cgroup rw,memory\n"
+                    .into(),
+            )],
+            cgroup(
+                "sys/fs/cgroup/memory",
+                &[("memory.limit_in_bytes", &(8 * GIB).to_string()), ("memory.usage_in_bytes", &(2 * GIB).to_string())],
+            ),
+            cgroup(
+                "sys/fs/cgroup/memory/system.slice",
+                &[("memory.limit_in_bytes", "9223372036854771712\n"), ("memory.usage_in_bytes", &GIB.to_string())],
+            ),
+            cgroup(
+                "sys/fs/cgroup/memory/system.slice/yolo-edge.service",
+                &[("memory.limit_in_bytes", &(3 * GIB).to_string()), ("memory.usage_in_bytes", &(GIB / 2).to_string())],
+            ),
+        ]);
+        let all = cgroup_limits(&root).unwrap();
+        let named: Vec<(&str, u64)> = all.iter().map(|c| (c.path.as_str(), c.headroom())).collect();
+        assert_eq!(named, [("/docker/x/system.slice/yolo-edge.service", 5 * GIB / 2), ("/docker/x", 6 * GIB)]);
+        let m = host_memory_at(&root).unwrap();
+        assert_eq!((m.free, m.total), (5 * GIB / 2, 3 * GIB));
+        assert_eq!(m.limit.to_string(), "cgroup:/docker/x/system.slice/yolo-edge.service memory.limit_in_bytes");
     }
 
     #[test]
