@@ -33,7 +33,13 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 # registry's cudarc with scripts/patches/cudarc-alloc-hook.patch applied, in the target folder;
 # NO_ARENA=1 builds without it. Cargo.lock is restored afterwards (a path patch rewrites it).
 if [ -z "${NO_ARENA:-}" ]; then
-  eval "$(bash scripts/patch-cudarc.sh "$TARGET")"
+  mkdir -p "$TARGET"
+  PATCHED_LINE=$(bash scripts/patch-cudarc.sh "$TARGET") || { echo "build-cuda.sh: scripts/patch-cudarc.sh failed (see above)" >&2; exit 1; }
+  case "$PATCHED_LINE" in
+    CUDARC_PATCHED=/*) CUDARC_PATCHED="${PATCHED_LINE#CUDARC_PATCHED=}" ;;
+    *) echo "build-cuda.sh: scripts/patch-cudarc.sh printed '$PATCHED_LINE', not CUDARC_PATCHED=<path>" >&2; exit 1 ;;
+  esac
+  [ -f "$CUDARC_PATCHED/Cargo.toml" ] || { echo "build-cuda.sh: patched cudarc missing at $CUDARC_PATCHED" >&2; exit 1; }
   FEATURES="$FEATURES,arena"
   cp Cargo.lock "$TARGET/Cargo.lock.orig"
   trap 'cp "$TARGET/Cargo.lock.orig" Cargo.lock' EXIT

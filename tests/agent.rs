@@ -1046,6 +1046,9 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     let budget = plan.budget.bytes as f64;
     let expect = (40.0 * 1048576.0f64).min(plan.budget.free as f64) * 0.8;
     assert!((budget - expect).abs() < 2.0, "budget = min(free, limit) x fraction: {budget} vs {expect}");
+    // 40 MiB is below what any test box has free: the config's limit is the one that binds
+    assert_eq!(plan.budget.limit, "config:memory_limit", "{plan:?}");
+    assert!(plan.reasons[0].ends_with("; bound by config:memory_limit"), "{:?}", plan.reasons);
     let verified = plan.verified_peak;
     assert!(verified > 0 && verified as f64 <= budget, "verified peak within the budget: {plan:?}");
     let steps = &plan.steps;
@@ -1071,6 +1074,9 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     assert_eq!(tel.batch.verified_peak, Some(verified));
     assert!(tel.process_memory.high_water.unwrap() >= tel.process_memory.used.unwrap() / 2);
     assert!(tel.device_memory.total.unwrap() > 0);
+    // the CPU's live figure: MemAvailable, or a cgroup limit's headroom where the test runs under one
+    let live = tel.device_memory.limit.as_deref().unwrap_or_default();
+    assert!(live == "meminfo:MemAvailable" || live.starts_with("cgroup:/"), "{:?}", tel.device_memory);
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
     col.assert_all_typed();

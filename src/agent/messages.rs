@@ -174,15 +174,19 @@ pub struct Telemetry {
 }
 
 /// Memory of the device the model runs on, in bytes.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceMemoryFigures {
-    /// Total device memory (bytes; on the CPU: host memory, capped by the cgroup limit).
+    /// Total device memory (bytes; on the CPU and an integrated GPU: host memory, or the tightest
+    /// cgroup limit above the agent where that is lower).
     pub total: Option<u64>,
-    /// Free device memory (bytes; on the CPU: MemAvailable).
+    /// Free device memory, read now (bytes; on the CPU and an integrated GPU: MemAvailable, or
+    /// the least any cgroup limit above the agent still allows where that is lower).
     pub free: Option<u64>,
     /// `total - free` (bytes).
     pub used: Option<u64>,
+    /// The limit that sets `free` now, as in `PlanBudget.limit` (null where the device cannot tell).
+    pub limit: Option<String>,
 }
 
 /// Memory of this process on the device, in bytes.
@@ -462,6 +466,11 @@ pub struct PlanBudget {
     pub memory_fraction: f64,
     /// Where the free figure came from.
     pub source: MemorySourceKind,
+    /// The limit that set min(free, memory_limit): `cuda:cuMemGetInfo free` (a discrete GPU),
+    /// `meminfo:MemAvailable` (host memory, no tighter cgroup limit), `cgroup:<path> <file>` (the
+    /// cgroup limit with the least headroom, e.g. `cgroup:/system.slice/yolo-edge.service
+    /// memory.max`), or `config:memory_limit`.
+    pub limit: String,
     /// min(free, memory_limit) x memory_fraction (bytes).
     pub bytes: u64,
 }
@@ -472,9 +481,10 @@ pub struct PlanBudget {
 pub enum MemorySourceKind {
     /// `cuMemGetInfo` of a discrete GPU.
     CudaDriver,
-    /// An integrated GPU sharing host memory: `/proc/meminfo` MemAvailable.
+    /// An integrated GPU sharing host memory: `/proc/meminfo` MemAvailable, capped by the cgroup
+    /// limits above the agent.
     IntegratedMeminfo,
-    /// The CPU device: MemAvailable, capped by the cgroup limit.
+    /// The CPU device: MemAvailable, capped by the cgroup limits above the agent.
     HostMeminfo,
 }
 
@@ -565,6 +575,7 @@ impl From<&crate::planner::Plan> for PlanReport {
                 memory_limit: b.memory_limit,
                 memory_fraction: b.memory_fraction,
                 source: b.source.into(),
+                limit: b.limit.clone(),
                 bytes: b.bytes,
             },
             max_batch: p.max_batch,
@@ -984,7 +995,12 @@ pub(crate) mod examples {
             boot_id: BOOT.into(),
             ts: TS.into(),
             uptime_s: 12.5,
-            device_memory: DeviceMemoryFigures { total: Some(16 << 30), free: Some(10 << 30), used: Some(6 << 30) },
+            device_memory: DeviceMemoryFigures {
+                total: Some(16 << 30),
+                free: Some(10 << 30),
+                used: Some(6 << 30),
+                limit: Some("cgroup:/system.slice/yolo-edge.service memory.max".into()),
+            },
             process_memory: ProcessMemory {
                 used: Some(300 << 20),
                 reserved: Some(300 << 20),
@@ -1070,6 +1086,7 @@ pub(crate) mod examples {
                 memory_limit: Some(40 << 20),
                 memory_fraction: 0.8,
                 source: MemorySourceKind::HostMeminfo,
+                limit: "config:memory_limit".into(),
                 bytes: 33554432,
             },
             max_batch: 16,
@@ -1222,6 +1239,11 @@ mod tests {
         let t = serde_json::to_value(telemetry()).unwrap();
         assert_eq!(t["frames"], json!({"in": 3, "ok": 3, "failed": 0, "batches": 1, "inputs_rejected": 0}));
         assert_eq!(t["batch"]["last_oom_ms"], json!(null));
+        assert_eq!(
+            t["device_memory"],
+            json!({"total": 16u64 << 30, "free": 10u64 << 30, "used": 6u64 << 30, "limit": "cgroup:/system.slice/yolo-edge.service memory.max"})
+        );
+        assert_eq!(serde_json::to_value(plan()).unwrap()["budget"]["limit"], json!("config:memory_limit"));
         assert_eq!(t["latency_ms"]["publish"], json!({"p50": 80.0, "p90": 85.5, "p99": 90.25}));
         let i = serde_json::to_value(info(&["ball"])).unwrap();
         assert_eq!((&i["startup"], &i["batch_plan"]["plan"], &i["protocol"]), (&json!(null), &json!(null), &json!("v311")));
@@ -1250,11 +1272,11 @@ mod tests {
                    "reason": "intake full (agent overloaded)"})
         );
         assert_eq!(
-            ev(b[14].clone()),
+            ev(b[16].clone()),
             json!({"type": "memory_released", "idle_s": 30.0, "reserved_before": 1u64 << 30, "reserved_after": null})
         );
         assert_eq!(
-            ev(b[15].clone()),
+            ev(b[17].clone()),
             json!({"type": "memory_over_budget", "reserved": 900, "reserved_for_batches": 700, "budget": 600,
                    "verified_peak": 500, "batch": 4, "note": "n"})
         );

@@ -401,6 +401,7 @@ mod tests {
                 process_used: Some(1 << 30),
                 process_reserved: Some(3 << 29),
                 process_high_water: Some(1 << 31),
+                limit: Some("cgroup:/system.slice/yolo-edge.service memory.max".into()),
             }
         }
     }

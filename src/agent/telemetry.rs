@@ -13,17 +13,19 @@ pub use crate::agent::messages::Percentiles;
 use crate::agent::messages::{
     self, BatchTelemetry, ConfigCounters, DeviceMemoryFigures, FrameCounters, MqttCounters, ProcessMemory, Queues, StageLatency, Telemetry,
 };
-use crate::backend::devmem::{self, PeakMeter};
+use crate::backend::devmem::{self, PeakMeter, SysRoot};
 
 /// Samples kept per stage for the percentiles.
 const WINDOW: usize = 2048;
 
 /// Device memory figures, in bytes (absent where the device cannot tell).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct DeviceMemory {
     pub total: Option<u64>,
     pub free: Option<u64>,
     pub used: Option<u64>,
+    /// The limit that sets `free` (see `devmem::Limit`).
+    pub limit: Option<String>,
     /// Allocator figures of this process on the device (CUDA pool), when known.
     pub process_used: Option<u64>,
     pub process_reserved: Option<u64>,
@@ -35,28 +37,37 @@ pub trait MemorySource: Send + Sync {
     fn query(&self) -> DeviceMemory;
 }
 
-/// The figures of one device through [`devmem`]: the CUDA driver and the stream-ordered pool
-/// (or /proc/meminfo and the cgroup limit, and this process's RSS/VmHWM, on the CPU).
+/// The figures of one device through [`devmem`], read afresh at every query: the CUDA driver and
+/// the stream-ordered pool; on the CPU and an integrated GPU, MemAvailable capped by every cgroup
+/// limit above the agent (so telemetry shows the headroom that is left under the limit that binds
+/// now) and this process's RSS/VmHWM.
 pub struct DeviceMemorySource {
     device: candle_core::Device,
     meter: PeakMeter,
+    root: SysRoot,
 }
 
 impl DeviceMemorySource {
     pub fn new(device: &candle_core::Device) -> Self {
-        Self { device: device.clone(), meter: PeakMeter::new(device) }
+        Self::with_root(device, SysRoot::host())
+    }
+
+    /// Host memory files read under `root` instead of `/` (tests).
+    pub fn with_root(device: &candle_core::Device, root: SysRoot) -> Self {
+        Self { device: device.clone(), meter: PeakMeter::new(device), root }
     }
 }
 
 impl MemorySource for DeviceMemorySource {
     fn query(&self) -> DeviceMemory {
-        let mem = devmem::device_memory(&self.device).ok();
+        let mem = devmem::device_memory_in(&self.device, &self.root).ok();
         // no synchronisation: telemetry must not stall the inference stream
         let usage = self.meter.snapshot().ok();
         DeviceMemory {
-            total: mem.map(|m| m.total),
-            free: mem.map(|m| m.free),
-            used: mem.map(|m| m.total.saturating_sub(m.free)),
+            total: mem.as_ref().map(|m| m.total),
+            free: mem.as_ref().map(|m| m.free),
+            used: mem.as_ref().map(|m| m.total.saturating_sub(m.free)),
+            limit: mem.as_ref().map(|m| m.limit.to_string()),
             process_used: usage.map(|u| u.used),
             process_reserved: usage.map(|u| u.reserved),
             process_high_water: usage.map(|u| u.used_high),
@@ -356,7 +367,7 @@ pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, devi
         boot_id: boot_id.to_string(),
         ts,
         uptime_s: (uptime_s * 1000.0).round() / 1000.0,
-        device_memory: DeviceMemoryFigures { total: mem.total, free: mem.free, used: mem.used },
+        device_memory: DeviceMemoryFigures { total: mem.total, free: mem.free, used: mem.used, limit: mem.limit.clone() },
         process_memory: ProcessMemory {
             used: mem.process_used,
             reserved: mem.process_reserved,
@@ -517,5 +528,35 @@ mod tests {
         s.model_ready.store(true, Relaxed);
         s.shutting_down.store(true, Relaxed);
         assert_eq!(s.readiness(), Err("shutting down"));
+    }
+
+    /// Under a cgroup limit every query re-reads the limit and the usage: telemetry follows the
+    /// headroom as the cgroup fills, and names the limit that binds.
+    #[test]
+    fn telemetry_rereads_the_cgroup_headroom() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = 1u64 << 30;
+        let svc = dir.path().join("sys/fs/cgroup/system.slice/yolo-edge.service");
+        std::fs::create_dir_all(&svc).unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
+        std::fs::write(dir.path().join("proc/meminfo"), "MemTotal: 16777216 kB\nMemFree: 524288 kB\nMemAvailable: 8388608 kB\n").unwrap();
+        std::fs::write(dir.path().join("proc/self/cgroup"), "0::/system.slice/yolo-edge.service\n").unwrap();
+        std::fs::write(svc.join("memory.max"), (3 * g).to_string()).unwrap();
+        std::fs::write(svc.join("memory.current"), g.to_string()).unwrap();
+        let source = DeviceMemorySource::with_root(&candle_core::Device::Cpu, SysRoot::under(dir.path()));
+        let m = source.query();
+        assert_eq!((m.total, m.free, m.used), (Some(3 * g), Some(2 * g), Some(g)));
+        assert_eq!(m.limit.as_deref(), Some("cgroup:/system.slice/yolo-edge.service memory.max"));
+        std::fs::write(svc.join("memory.current"), (5 * g / 2).to_string()).unwrap();
+        let m = source.query();
+        assert_eq!((m.free, m.used), (Some(g / 2), Some(5 * g / 2)));
+        // the limit lifted: MemAvailable binds again
+        std::fs::write(svc.join("memory.max"), "max\n").unwrap();
+        let m = source.query();
+        assert_eq!((m.total, m.free), (Some(16 * g), Some(8 * g)));
+        assert_eq!(m.limit.as_deref(), Some("meminfo:MemAvailable"));
+        let t = snapshot(&Stats::default(), &m, 0.0, 1.0, "box", "boot", "ts".into());
+        assert_eq!(t.device_memory.limit.as_deref(), Some("meminfo:MemAvailable"));
+        assert_eq!(t.device_memory.free, Some(8 * g));
     }
 }

@@ -1,15 +1,18 @@
 //! Device memory queries: what the device has free, and how much this process used at its peak.
 //!
-//! CUDA: free/total from the driver (`cuMemGetInfo`); on an integrated GPU (Jetson, device
-//! attribute `INTEGRATED`) the driver counts the page cache as used, so `MemAvailable` from
-//! `/proc/meminfo` is used instead. Peak usage is the high-water mark of the stream-ordered
-//! memory pool that candle allocates from (`cuMemAllocAsync`) plus that of the activation arena
-//! where there is one (`crate::backend::arena`), reset between measurements.
-//! CPU: `MemAvailable` capped by the cgroup limit, and the peak resident set (`VmHWM`, reset
-//! through `/proc/self/clear_refs`).
+//! Free memory: the CPU and an integrated GPU (Jetson, device attribute `INTEGRATED`, where the
+//! driver counts the page cache as used) share host memory, so theirs is `MemAvailable` capped
+//! by every cgroup limit above this process; a discrete GPU's is `cuMemGetInfo`. Both come from
+//! [`crate::backend::hostmem`], which also names the limit that binds. Peak usage is the
+//! high-water mark of the stream-ordered memory pool that candle allocates from
+//! (`cuMemAllocAsync`) plus that of the activation arena where there is one
+//! (`crate::backend::arena`), reset between measurements; on the CPU the peak resident set
+//! (`VmHWM`, reset through `/proc/self/clear_refs`).
 
 use candle_core::Device;
 use serde::Serialize;
+
+pub use super::hostmem::{meminfo_field, DeviceMemory, DeviceReport, HostMemError, Limit, MemorySource, SysRoot};
 
 /// Why memory could not be queried.
 #[derive(Debug, thiserror::Error)]
@@ -22,94 +25,25 @@ pub enum DevMemError {
     Cuda { call: &'static str, reason: String },
     #[error("memory queries are not supported on {0}")]
     Unsupported(String),
-}
-
-/// Where a free-memory figure came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MemorySource {
-    /// `cuMemGetInfo` of a discrete GPU.
-    CudaDriver,
-    /// An integrated GPU sharing host memory: `/proc/meminfo` MemAvailable.
-    IntegratedMeminfo,
-    /// The CPU device: MemAvailable, capped by the cgroup limit.
-    HostMeminfo,
-}
-
-/// Free and total memory of a device, in bytes.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct DeviceMemory {
-    pub free: u64,
-    pub total: u64,
-    pub source: MemorySource,
-}
-
-/// Parses a `/proc/meminfo` field (kB) into bytes.
-pub fn meminfo_field(text: &str, field: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(field)?.strip_prefix(':')?;
-        let mut it = rest.split_whitespace();
-        let v: u64 = it.next()?.parse().ok()?;
-        Some(match it.next() {
-            Some("kB") => v * 1024,
-            _ => v,
-        })
-    })
-}
-
-/// Parses a cgroup v2 `memory.max` (or v1 `memory.limit_in_bytes`) value; `None` means no limit.
-pub fn parse_cgroup_limit(text: &str) -> Option<u64> {
-    let t = text.trim();
-    if t == "max" {
-        return None;
-    }
-    // cgroup v1 reports "no limit" as a huge number (close to i64::MAX, page-aligned)
-    t.parse::<u64>().ok().filter(|&v| v < (1u64 << 62))
+    #[error(transparent)]
+    Host(#[from] HostMemError),
 }
 
 fn read(path: &str) -> Result<String, DevMemError> {
     std::fs::read_to_string(path).map_err(|source| DevMemError::Io { path: path.into(), source })
 }
 
-/// Host memory: (MemAvailable, MemTotal) in bytes.
-pub fn host_meminfo() -> Result<(u64, u64), DevMemError> {
-    let path = "/proc/meminfo";
-    let text = read(path)?;
-    let get = |f: &str| meminfo_field(&text, f).ok_or_else(|| DevMemError::Missing { path: path.into(), field: f.into() });
-    Ok((get("MemAvailable")?, get("MemTotal")?))
-}
-
-/// The cgroup memory limit and current usage of this process, when one is set.
-pub fn cgroup_limit() -> Option<(u64, u64)> {
-    for (max, cur) in [
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ] {
-        if let Some(limit) = std::fs::read_to_string(max).ok().and_then(|t| parse_cgroup_limit(&t)) {
-            let used = std::fs::read_to_string(cur).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
-            return Some((limit, used));
-        }
-    }
-    None
-}
-
-/// Free and total memory of the host for the CPU device: MemAvailable, capped by what the
-/// cgroup still allows.
-pub fn host_memory() -> Result<DeviceMemory, DevMemError> {
-    let (mut free, mut total) = host_meminfo()?;
-    if let Some((limit, used)) = cgroup_limit() {
-        total = total.min(limit);
-        free = free.min(limit.saturating_sub(used));
-    }
-    Ok(DeviceMemory { free, total, source: MemorySource::HostMeminfo })
-}
-
-/// Free and total memory of `device`.
+/// Free and total memory of `device`, and the limit that binds.
 pub fn device_memory(device: &Device) -> Result<DeviceMemory, DevMemError> {
+    device_memory_in(device, &SysRoot::host())
+}
+
+/// [`device_memory`] with the host's memory files read under `root`.
+pub fn device_memory_in(device: &Device, root: &SysRoot) -> Result<DeviceMemory, DevMemError> {
     match device {
-        Device::Cpu => host_memory(),
+        Device::Cpu => Ok(super::hostmem::device_memory_at(root, DeviceReport::Cpu)?),
         #[cfg(feature = "cuda")]
-        Device::Cuda(d) => cuda::device_memory(d),
+        Device::Cuda(d) => cuda::device_memory(d, root),
         #[allow(unreachable_patterns)]
         other => Err(DevMemError::Unsupported(format!("{:?}", other.location()))),
     }
@@ -216,7 +150,7 @@ pub fn graph_pool_reserved(device: &Device) -> u64 {
 #[cfg(feature = "cuda")]
 mod cuda {
     //! Driver calls through candle's re-exported cudarc.
-    use super::{DevMemError, DeviceMemory, MemorySource, Usage};
+    use super::{DevMemError, DeviceMemory, DeviceReport, SysRoot, Usage};
     use candle_core::cuda_backend::cudarc::driver::sys;
     use candle_core::CudaDevice;
 
@@ -232,16 +166,17 @@ mod cuda {
         move |e| DevMemError::Cuda { call, reason: e.to_string() }
     }
 
-    pub fn device_memory(d: &CudaDevice) -> Result<DeviceMemory, DevMemError> {
+    pub fn device_memory(d: &CudaDevice, root: &SysRoot) -> Result<DeviceMemory, DevMemError> {
         let ctx = d.cuda_stream().context().clone();
         ctx.bind_to_thread().map_err(err("cuCtxSetCurrent"))?;
         let integrated = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED).map_err(err("cuDeviceGetAttribute"))?;
-        let (free, total) = ctx.mem_get_info().map_err(err("cuMemGetInfo"))?;
-        if integrated != 0 {
-            let (avail, host_total) = super::host_meminfo()?;
-            return Ok(DeviceMemory { free: avail, total: host_total, source: MemorySource::IntegratedMeminfo });
-        }
-        Ok(DeviceMemory { free: free as u64, total: total as u64, source: MemorySource::CudaDriver })
+        let report = if integrated != 0 {
+            DeviceReport::IntegratedGpu
+        } else {
+            let (free, total) = ctx.mem_get_info().map_err(err("cuMemGetInfo"))?;
+            DeviceReport::DiscreteGpu { free: free as u64, total: total as u64 }
+        };
+        Ok(crate::backend::hostmem::device_memory_at(root, report)?)
     }
 
     fn pool(d: &CudaDevice) -> Result<sys::CUmemoryPool, DevMemError> {
@@ -363,24 +298,6 @@ mod cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_meminfo() {
-        let t = "MemTotal:       16314516 kB\nMemFree:         1234 kB\nMemAvailable:    8000000 kB\nHugePages_Total:       0\n";
-        assert_eq!(meminfo_field(t, "MemTotal"), Some(16314516 * 1024));
-        assert_eq!(meminfo_field(t, "MemAvailable"), Some(8_000_000 * 1024));
-        assert_eq!(meminfo_field(t, "HugePages_Total"), Some(0));
-        assert_eq!(meminfo_field(t, "Mem"), None);
-        assert_eq!(meminfo_field(t, "SwapTotal"), None);
-    }
-
-    #[test]
-    fn parses_cgroup_limits() {
-        assert_eq!(parse_cgroup_limit("max\n"), None);
-        assert_eq!(parse_cgroup_limit("8589934592\n"), Some(8 << 30));
-        assert_eq!(parse_cgroup_limit("9223372036854771712"), None);
-        assert_eq!(parse_cgroup_limit("garbage"), None);
-    }
 
     #[test]
     fn cpu_memory_and_peak_are_read() {

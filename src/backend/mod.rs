@@ -2,7 +2,9 @@
 //! YOLOv9 itself.
 //!
 //! - [`device`]: device and dtype selection; [`devmem`]: what a device has free and what this
-//!   process used at its peak; [`oom`]: recognising (and, for tests, injecting) out-of-memory.
+//!   process used at its peak; [`hostmem`]: host memory under every cgroup limit above this
+//!   process, and which limit binds (read from a root folder tests can fake); [`oom`]:
+//!   recognising (and, for tests, injecting) out-of-memory.
 //! - [`conv`]: the convolution entry point the model calls, dispatching per device and shape to
 //!   [`cpu`] (raw-slice im2col + packed AVX2 GEMM) or [`cuda`] (cuDNN plans, fused kernels).
 //! - [`upload`]: pictures to the device through pinned staging; [`arena`]: deterministic
@@ -23,6 +25,7 @@ mod cpu;
 mod cuda;
 pub mod device;
 pub mod devmem;
+pub mod hostmem;
 pub mod oom;
 pub mod profile;
 pub mod tuning;

@@ -281,11 +281,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let meter = PeakMeter::new(&dev);
     let mem0 = devmem::device_memory(&dev)?;
     eprintln!(
-        "device {} free {:.0} MiB of {:.0} MiB ({:?}); compute cache {:?}",
+        "device {} free {:.0} MiB of {:.0} MiB ({:?}, bound by {}); compute cache {:?}",
         device::device_name(&dev),
         mem0.free as f64 / 1048576.0,
         mem0.total as f64 / 1048576.0,
         mem0.source,
+        mem0.limit,
         cache
     );
     let mut rows = Vec::new();

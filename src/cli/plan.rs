@@ -214,11 +214,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!("model        {name} on {} in {} at {}x{}", device::device_name(&dev), device::dtype_name(dtype), a.imgsz, a.imgsz);
         println!(
-            "budget       {:.1} MiB (free {:.1} MiB of {:.1} MiB, {:?}; limit {}; fraction {})",
+            "budget       {:.1} MiB (free {:.1} MiB of {:.1} MiB, {:?}, bound by {}; limit {}; fraction {})",
             plan.budget.bytes as f64 / MIB,
             plan.budget.free as f64 / MIB,
             plan.budget.total as f64 / MIB,
             plan.budget.source,
+            plan.budget.limit,
             cfg.memory_limit.map_or("none".into(), |l| format!("{:.1} MiB", l as f64 / MIB)),
             cfg.memory_fraction
         );

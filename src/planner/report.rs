@@ -10,6 +10,8 @@ use crate::backend::devmem::{self, DeviceMemory};
 pub struct MemoryTelemetry {
     pub device_total: u64,
     pub device_free: u64,
+    /// The limit that sets `device_free` (`devmem::Limit`, e.g. `meminfo:MemAvailable`).
+    pub device_limit: String,
     pub process_used: u64,
     pub process_reserved: u64,
     pub process_high_water: u64,
@@ -27,6 +29,7 @@ impl MemoryTelemetry {
         Self {
             device_total: mem.total,
             device_free: mem.free,
+            device_limit: mem.limit.to_string(),
             process_used: usage.used,
             process_reserved: usage.reserved,
             process_high_water: usage.used_high,

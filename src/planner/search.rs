@@ -46,11 +46,12 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
     cfg.validate()?;
     let mut steps = Vec::new();
     let mut reasons = vec![format!(
-        "budget {} = min(free {}, limit {}) x {}",
+        "budget {} = min(free {}, limit {}) x {}; bound by {}",
         mib(budget.bytes as f64),
         mib(budget.free as f64),
         budget.memory_limit.map_or("none".to_string(), |l| mib(l as f64)),
-        budget.memory_fraction
+        budget.memory_fraction,
+        budget.limit
     )];
     let mut points: Vec<(usize, u64)> = Vec::new();
     let mut used_points: Vec<(usize, u64)> = Vec::new();

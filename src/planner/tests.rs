@@ -3,7 +3,7 @@
 use super::probe::STAGE_PASSES;
 use super::search::MAX_VERIFIES;
 use super::*;
-use crate::backend::devmem::{DeviceMemory, MemorySource};
+use crate::backend::devmem::{DeviceMemory, Limit, MemorySource};
 use crate::detector::Detector;
 
 const M: u64 = 1 << 20;
@@ -36,17 +36,49 @@ impl Prober for Fake {
 
 fn budget(free: u64, limit: Option<u64>) -> (Budget, PlannerConfig) {
     let cfg = PlannerConfig { memory_limit: limit, ..Default::default() };
-    (Budget::new(DeviceMemory { free, total: free * 2, source: MemorySource::HostMeminfo }, &cfg), cfg)
+    let mem = DeviceMemory { free, total: free * 2, source: MemorySource::HostMeminfo, limit: Limit::Meminfo("MemAvailable") };
+    (Budget::new(mem, &cfg), cfg)
 }
 
 #[test]
 fn budget_is_min_of_free_and_limit_times_fraction() {
     let (b, _) = budget(10_000 * M, Some(4096 * M));
     assert_eq!(b.bytes, (4096.0 * M as f64 * 0.8) as u64);
+    assert_eq!(b.limit, "config:memory_limit");
     let (b, _) = budget(1000 * M, Some(4096 * M));
     assert_eq!(b.bytes, 800 * M);
+    assert_eq!(b.limit, "meminfo:MemAvailable");
     let (b, _) = budget(1000 * M, None);
     assert_eq!(b.bytes, 800 * M);
+    assert_eq!(b.limit, "meminfo:MemAvailable");
+}
+
+/// The whole path from what the box reports to the plan's budget: a service capped by systemd
+/// at 3 GiB with 1 GiB in use plans against 2 GiB, names the cgroup limit, and a tighter
+/// `memory_limit` from the config takes over.
+#[test]
+fn budget_from_a_cgroup_capped_host_names_the_binding_limit() {
+    use crate::backend::devmem::{DeviceReport, SysRoot};
+    let dir = tempfile::tempdir().unwrap();
+    let g = 1u64 << 30;
+    let svc = dir.path().join("sys/fs/cgroup/system.slice/yolo-edge.service");
+    std::fs::create_dir_all(&svc).unwrap();
+    std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
+    std::fs::write(dir.path().join("proc/meminfo"), "MemTotal: 16777216 kB\nMemFree: 524288 kB\nMemAvailable: 8388608 kB\n").unwrap();
+    std::fs::write(dir.path().join("proc/self/cgroup"), "0::/system.slice/yolo-edge.service\n").unwrap();
+    std::fs::write(svc.join("memory.max"), (3 * g).to_string()).unwrap();
+    std::fs::write(svc.join("memory.current"), g.to_string()).unwrap();
+    let root = SysRoot::under(dir.path());
+    for report in [DeviceReport::Cpu, DeviceReport::IntegratedGpu] {
+        let mem = crate::backend::hostmem::device_memory_at(&root, report).unwrap();
+        let cfg = PlannerConfig { memory_fraction: 0.5, ..Default::default() };
+        let b = Budget::new(mem.clone(), &cfg);
+        assert_eq!((b.free, b.total, b.bytes), (2 * g, 3 * g, g));
+        assert_eq!(b.limit, "cgroup:/system.slice/yolo-edge.service memory.max");
+        let cfg = PlannerConfig { memory_limit: Some(g), memory_fraction: 0.5, ..Default::default() };
+        let b = Budget::new(mem, &cfg);
+        assert_eq!((b.bytes, b.limit.as_str()), (g / 2, "config:memory_limit"));
+    }
 }
 
 #[test]
