@@ -66,11 +66,46 @@ fn image_id(m: &Incoming, n: u64) -> Result<String, String> {
     }
 }
 
+/// What the MQTT source makes of one message.
+#[derive(Debug)]
+pub enum Intake {
+    /// No configured source subscribes to the topic.
+    Ignored,
+    /// The message is refused; `source` and `image` are set when its ids were valid.
+    Rejected { source: Option<String>, image: Option<String>, topic: Option<String>, reason: String },
+    /// A picture for the pipeline.
+    Job(Job),
+}
+
+/// Turns one message into a job for the pipeline, checking its ids and payload; `counter`
+/// numbers the messages of subscribed topics (the id of a picture without an `image_id`).
+pub fn intake(sources: &[MqttSource], m: Incoming, counter: &AtomicU64) -> Intake {
+    let Some(src) = sources.iter().find(|s| matches(&s.filter, &m.topic)) else { return Intake::Ignored };
+    let n = counter.fetch_add(1, Relaxed);
+    let (id, image_id) = match (source_id(src, &m), image_id(&m, n)) {
+        (Ok(id), Ok(image)) => (id, image),
+        (Err(reason), _) | (_, Err(reason)) => {
+            // the topic names the message (MQTT bounds it; a long one is left out of the event)
+            let topic = (m.topic.len() <= 256).then(|| m.topic.clone());
+            return Intake::Rejected { source: None, image: None, topic, reason };
+        }
+    };
+    if m.payload.is_empty() {
+        return Intake::Rejected { source: Some(id), image: Some(image_id), topic: None, reason: "empty payload".into() };
+    }
+    Intake::Job(Job {
+        source: Arc::from(id.as_str()),
+        image: ImageRef::Id(image_id),
+        data: JobData::Bytes(m.payload),
+        completion: Completion::None,
+    })
+}
+
 /// Turns incoming messages into jobs until `stop` turns true or the message feed ends.
 pub async fn run(
     sources: Vec<MqttSource>,
     mut incoming: mpsc::Receiver<Incoming>,
-    intake: mpsc::Sender<Job>,
+    intake_tx: mpsc::Sender<Job>,
     mut stop: watch::Receiver<bool>,
     events: EventSink,
     stats: Arc<Stats>,
@@ -81,39 +116,19 @@ pub async fn run(
             m = incoming.recv() => match m { Some(m) => m, None => return },
             _ = stop.changed() => return,
         };
-        let Some(src) = sources.iter().find(|s| matches(&s.filter, &m.topic)) else { continue };
-        let n = counter.fetch_add(1, Relaxed);
-        let (id, image_id) = match (source_id(src, &m), image_id(&m, n)) {
-            (Ok(id), Ok(image)) => (id, image),
-            (Err(reason), _) | (_, Err(reason)) => {
+        let job = match intake(&sources, m, &counter) {
+            Intake::Ignored => continue,
+            Intake::Rejected { source, image, topic, reason } => {
                 stats.inputs_rejected.fetch_add(1, Relaxed);
                 stats.frames_failed.fetch_add(1, Relaxed);
-                // the topic names the message (MQTT bounds it; a long one is left out of the event)
-                let topic = (m.topic.len() <= 256).then(|| m.topic.clone());
-                events.emit(EventBody::InputRejected { source: None, image: None, topic, stage: InputStage::Intake, reason });
+                let image = image.map(|id| ImageName::Id { id });
+                events.emit(EventBody::InputRejected { source, image, topic, stage: InputStage::Intake, reason });
                 continue;
             }
-        };
-        if m.payload.is_empty() {
-            stats.inputs_rejected.fetch_add(1, Relaxed);
-            stats.frames_failed.fetch_add(1, Relaxed);
-            events.emit(EventBody::InputRejected {
-                source: Some(id.clone()),
-                image: Some(ImageName::Id { id: image_id }),
-                topic: None,
-                stage: InputStage::Intake,
-                reason: "empty payload".into(),
-            });
-            continue;
-        }
-        let job = Job {
-            source: Arc::from(id.as_str()),
-            image: ImageRef::Id(image_id),
-            data: JobData::Bytes(m.payload),
-            completion: Completion::None,
+            Intake::Job(job) => job,
         };
         tokio::select! {
-            r = intake.send(job) => if r.is_err() { return },
+            r = intake_tx.send(job) => if r.is_err() { return },
             _ = stop.changed() => return,
         }
     }
