@@ -175,4 +175,31 @@ mod tests {
         assert_eq!(image_id(&msg("t", &[("image_id", "frame-7")]), 0).unwrap(), "frame-7");
         assert_eq!(image_id(&msg("t", &[]), 3).unwrap(), "t#3");
     }
+
+    #[test]
+    fn intake_ignores_other_topics_rejects_bad_ids_and_empty_payloads() {
+        let sources = [MqttSource { id: None, filter: "cams/+/jpeg".into(), id_level: 2 }];
+        let counter = AtomicU64::new(0);
+        let msg = |topic: &str, payload: &[u8]| Incoming { topic: topic.into(), payload: payload.to_vec(), properties: vec![] };
+        assert!(matches!(intake(&sources, msg("other/a", b"x"), &counter), Intake::Ignored));
+        assert_eq!(counter.load(Relaxed), 0, "only messages of subscribed topics are numbered");
+        match intake(&sources, msg("cams/a b/jpeg", b"x"), &counter) {
+            Intake::Rejected { source: None, image: None, topic: Some(t), reason } => {
+                assert!(t == "cams/a b/jpeg" && reason.contains("' '"))
+            }
+            other => panic!("{other:?}"),
+        }
+        match intake(&sources, msg("cams/gate/jpeg", b""), &counter) {
+            Intake::Rejected { source: Some(s), image: Some(i), reason, .. } => {
+                assert_eq!((s.as_str(), i.as_str(), reason.as_str()), ("gate", "cams/gate/jpeg#1", "empty payload"))
+            }
+            other => panic!("{other:?}"),
+        }
+        match intake(&sources, msg("cams/gate/jpeg", b"jpeg"), &counter) {
+            Intake::Job(Job { source, image: ImageRef::Id(id), data: JobData::Bytes(b), .. }) => {
+                assert_eq!((&*source, id.as_str(), b.as_slice()), ("gate", "cams/gate/jpeg#2", &b"jpeg"[..]))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
