@@ -54,7 +54,7 @@ summary_row() {
   local t=$1 dir=$2 wall=$3 cpu=$4
   local last execs cov ft
   last=$(grep -E '^#[0-9]+' "$dir/log" | tail -1 || true)
-  execs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$dir/log" | awk '{s += $2} END {print s + 0}')
+  execs=$({ grep -oE 'stat::number_of_executed_units: [0-9]+' "$dir/log" || true; } | awk '{s += $2} END {print s + 0}')
   if [[ $execs == 0 ]]; then execs=$(sed -E 's/^#([0-9]+).*/\1/' <<<"$last"); fi
   cov=$(grep -oE 'cov: [0-9]+' <<<"$last" | awk '{print $2}')
   ft=$(grep -oE 'ft: [0-9]+' <<<"$last" | awk '{print $2}')
