@@ -92,7 +92,11 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
     img_limits.max_alloc = Some(limits.max_pixels.saturating_mul(16));
     decoder.set_limits(img_limits).map_err(corrupt)?;
     let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
-    let mut img = image::DynamicImage::from_decoder(decoder).map_err(corrupt)?;
+    // a decoder bug (e.g. an arithmetic overflow that panics where overflow checks are on) is
+    // this input's error, not the caller's panic
+    let mut img = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| image::DynamicImage::from_decoder(decoder)))
+        .map_err(|_| ImageError::Corrupt { format: fmt_name.clone(), reason: "the decoder failed on this input".into() })?
+        .map_err(corrupt)?;
     img.apply_orientation(orientation);
     Ok(img.into_rgb8())
 }
@@ -302,6 +306,17 @@ pub fn resize_linear_cv(src: &[u8], sw: usize, sh: usize, dw: usize, dh: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jpeg_that_overflows_the_decoders_arithmetic_is_an_error_or_a_picture_never_a_panic() {
+        // found by the `mqtt_image` fuzz target: zune-jpeg 0.5.15 multiplies with overflow
+        // (bitstream.rs:400) while decoding it, a panic where overflow checks are on
+        let bytes = include_bytes!("../../fuzz/regressions/picture/zune-jpeg-0.5.15-mul-overflow.jpg");
+        match decode_image(bytes, &DecodeLimits::default()) {
+            Ok(img) => assert!(img.width() > 0 && img.height() > 0),
+            Err(e) => assert!(matches!(e, ImageError::Corrupt { .. }), "{e}"),
+        }
+    }
 
     #[test]
     fn geometry_matches_reference_rounding() {

@@ -73,15 +73,20 @@ impl Checkpoint {
     /// Loads a checkpoint, choosing the reader from the file's content (not its name).
     pub fn load(path: &Path) -> Result<Self, WeightsError> {
         let bytes = read_model_file(path)?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    /// Reads a checkpoint from the bytes of a file; `path` only names it in errors.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, WeightsError> {
         let sha256 = {
             use sha2::Digest;
-            let d = sha2::Sha256::digest(&bytes);
+            let d = sha2::Sha256::digest(bytes);
             d.iter().map(|b| format!("{b:02x}")).collect::<String>()
         };
         if bytes.len() < 8 {
             return Err(WeightsError::NotACheckpoint { path: path.to_owned(), reason: format!("file is only {} bytes", bytes.len()) });
         }
-        let mut ck = if bytes.starts_with(b"PK") { load_pt(path, &bytes)? } else { load_safetensors(path, &bytes)? };
+        let mut ck = if bytes.starts_with(b"PK") { load_pt(path, bytes)? } else { load_safetensors(path, bytes)? };
         ck.sha256 = sha256;
         Ok(ck)
     }

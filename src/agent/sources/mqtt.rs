@@ -80,11 +80,46 @@ fn image_id(m: &Incoming, n: u64) -> Result<String, String> {
     }
 }
 
+/// What the MQTT source makes of one message.
+#[derive(Debug)]
+pub enum Intake {
+    /// No configured source subscribes to the topic.
+    Ignored,
+    /// The message is refused; `source` and `image` are set when its ids were valid.
+    Rejected { source: Option<String>, image: Option<String>, topic: Option<String>, reason: String },
+    /// A picture for the pipeline.
+    Job(Job),
+}
+
+/// Turns one message into a job for the pipeline, checking its ids and payload; `counter`
+/// numbers the messages of subscribed topics (the id of a picture without an `image_id`).
+pub fn intake(sources: &[MqttSource], m: Incoming, counter: &AtomicU64) -> Intake {
+    let Some(src) = sources.iter().find(|s| matches(&s.filter, &m.topic)) else { return Intake::Ignored };
+    let n = counter.fetch_add(1, Relaxed);
+    let (id, image_id) = match (source_id(src, &m), image_id(&m, n)) {
+        (Ok(id), Ok(image)) => (id, image),
+        (Err(reason), _) | (_, Err(reason)) => {
+            // the topic names the message (MQTT bounds it; a long one is left out of the event)
+            let topic = (m.topic.len() <= 256).then(|| m.topic.clone());
+            return Intake::Rejected { source: None, image: None, topic, reason };
+        }
+    };
+    if m.payload.is_empty() {
+        return Intake::Rejected { source: Some(id), image: Some(image_id), topic: None, reason: "empty payload".into() };
+    }
+    Intake::Job(Job {
+        source: Arc::from(id.as_str()),
+        image: ImageRef::Id(image_id),
+        data: JobData::Bytes(m.payload),
+        completion: Completion::None,
+    })
+}
+
 /// Turns incoming messages into jobs until `stop` turns true or the message feed ends.
 pub async fn run(
     sources: Vec<MqttSource>,
     mut incoming: mpsc::Receiver<Incoming>,
-    intake: mpsc::Sender<Job>,
+    intake_tx: mpsc::Sender<Job>,
     mut stop: watch::Receiver<bool>,
     events: EventSink,
     stats: Arc<Stats>,
@@ -95,39 +130,19 @@ pub async fn run(
             m = incoming.recv() => match m { Some(m) => m, None => return },
             _ = stop.changed() => return,
         };
-        let Some(src) = sources.iter().find(|s| matches(&s.filter, &m.topic)) else { continue };
-        let n = counter.fetch_add(1, Relaxed);
-        let (id, image_id) = match (source_id(src, &m), image_id(&m, n)) {
-            (Ok(id), Ok(image)) => (id, image),
-            (Err(reason), _) | (_, Err(reason)) => {
+        let job = match intake(&sources, m, &counter) {
+            Intake::Ignored => continue,
+            Intake::Rejected { source, image, topic, reason } => {
                 stats.inputs_rejected.fetch_add(1, Relaxed);
-                stats.count_frame(None, FrameResult::Failed);
-                // the topic names the message (MQTT bounds it; a long one is left out of the event)
-                let topic = (m.topic.len() <= 256).then(|| m.topic.clone());
-                events.emit(EventBody::InputRejected { source: None, image: None, topic, stage: InputStage::Intake, reason });
+                stats.count_frame(source.as_deref(), FrameResult::Failed);
+                let image = image.map(|id| ImageName::Id { id });
+                events.emit(EventBody::InputRejected { source, image, topic, stage: InputStage::Intake, reason });
                 continue;
             }
-        };
-        if m.payload.is_empty() {
-            stats.inputs_rejected.fetch_add(1, Relaxed);
-            stats.count_frame(Some(&id), FrameResult::Failed);
-            events.emit(EventBody::InputRejected {
-                source: Some(id.clone()),
-                image: Some(ImageName::Id { id: image_id }),
-                topic: None,
-                stage: InputStage::Intake,
-                reason: "empty payload".into(),
-            });
-            continue;
-        }
-        let job = Job {
-            source: Arc::from(id.as_str()),
-            image: ImageRef::Id(image_id),
-            data: JobData::Bytes(m.payload),
-            completion: Completion::None,
+            Intake::Job(job) => job,
         };
         tokio::select! {
-            r = intake.send(job) => if r.is_err() { return },
+            r = intake_tx.send(job) => if r.is_err() { return },
             _ = stop.changed() => return,
         }
     }
@@ -191,5 +206,32 @@ mod tests {
         assert!(image_id(&msg("t", &[("image_id", &"i".repeat(1025))]), 0).is_err());
         assert_eq!(image_id(&msg("t", &[("image_id", "frame-7")]), 0).unwrap(), "frame-7");
         assert_eq!(image_id(&msg("t", &[]), 3).unwrap(), "t#3");
+    }
+
+    #[test]
+    fn intake_ignores_other_topics_rejects_bad_ids_and_empty_payloads() {
+        let sources = [MqttSource { id: None, filter: "cams/+/jpeg".into(), id_level: 2 }];
+        let counter = AtomicU64::new(0);
+        let msg = |topic: &str, payload: &[u8]| Incoming { topic: topic.into(), payload: payload.to_vec(), properties: vec![] };
+        assert!(matches!(intake(&sources, msg("other/a", b"x"), &counter), Intake::Ignored));
+        assert_eq!(counter.load(Relaxed), 0, "only messages of subscribed topics are numbered");
+        match intake(&sources, msg("cams/a b/jpeg", b"x"), &counter) {
+            Intake::Rejected { source: None, image: None, topic: Some(t), reason } => {
+                assert!(t == "cams/a b/jpeg" && reason.contains("' '"))
+            }
+            other => panic!("{other:?}"),
+        }
+        match intake(&sources, msg("cams/gate/jpeg", b""), &counter) {
+            Intake::Rejected { source: Some(s), image: Some(i), reason, .. } => {
+                assert_eq!((s.as_str(), i.as_str(), reason.as_str()), ("gate", "cams/gate/jpeg#1", "empty payload"))
+            }
+            other => panic!("{other:?}"),
+        }
+        match intake(&sources, msg("cams/gate/jpeg", b"jpeg"), &counter) {
+            Intake::Job(Job { source, image: ImageRef::Id(id), data: JobData::Bytes(b), .. }) => {
+                assert_eq!((&*source, id.as_str(), b.as_slice()), ("gate", "cams/gate/jpeg#2", &b"jpeg"[..]))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
