@@ -26,11 +26,10 @@
 //! integrated GPU (which shares host RAM) take host memory capped by the cgroups; a discrete
 //! GPU's own memory is what its driver reports (the cgroup does not limit device memory).
 //!
-//! May use: the standard library, serde and thiserror. Files are read with a size bound and
+//! May use: the standard library, serde, thiserror and `crate::files` (bounded reads). Files are read with a size bound and
 //! their contents are never trusted: anything unexpected is a [`HostMemError`], never a panic.
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -371,12 +370,10 @@ pub fn meminfo_field(text: &str, field: &str) -> Option<u64> {
 
 /// Reads a small file whole, refusing one larger than [`MAX_FILE_BYTES`].
 fn read_bounded(path: &Path) -> Result<String, HostMemError> {
-    let io = |source| HostMemError::Io { path: path.to_path_buf(), source };
-    let mut buf = Vec::new();
-    std::fs::File::open(path).map_err(io)?.take(MAX_FILE_BYTES + 1).read_to_end(&mut buf).map_err(io)?;
-    if buf.len() as u64 > MAX_FILE_BYTES {
-        return Err(HostMemError::TooLarge { path: path.to_path_buf() });
-    }
+    let buf = crate::files::read_bounded(path, MAX_FILE_BYTES).map_err(|source| match source.kind() {
+        std::io::ErrorKind::InvalidData => HostMemError::TooLarge { path: path.to_path_buf() },
+        _ => HostMemError::Io { path: path.to_path_buf(), source },
+    })?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
