@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use image::ImageEncoder;
-use yolo_edge::agent::messages::{Detections, EventBody, FrameImage, ImageName, Info, Status, Telemetry};
+use yolo_edge::agent::messages::{Detections, EventBody, FrameImage, ImageName, Info, MemoryScope, Status, Telemetry};
 
 const T: Duration = Duration::from_secs(300);
 
@@ -965,6 +965,136 @@ fn mqtt_shared_subscription_delivers_every_picture() {
     col.assert_all_typed();
 }
 
+/// Scaling out through the broker: three agents on one shared subscription
+/// (`$share/detectors/cameras/+/jpeg`) and 600 pictures published to one topic. Every picture is
+/// detected by exactly one agent, none is lost, and Mosquitto's round robin splits them within
+/// 20 % of even.
+#[test]
+fn shared_subscription_splits_600_pictures_over_three_agents() {
+    const N: usize = 600;
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut agents = Vec::new();
+    for i in 0..3 {
+        let dir = tmp.path().join(format!("agent-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut conf = AgentConf::new(&dir, broker.port);
+        conf.device_id = format!("box-{i}");
+        conf.mqtt_extra = "protocol = \"v5\"\n".into();
+        conf.extra = "[[sources]]\ntype = \"mqtt\"\ntopic = \"$share/detectors/cameras/+/jpeg\"\nid_from_topic_level = 2\n".into();
+        let cfg = dir.join("agent.toml");
+        conf.write(&cfg);
+        agents.push(Agent::spawn(&cfg, &[]));
+    }
+    let online = |i: usize| {
+        let topic = format!("yolo-edge/box-{i}/status");
+        col.snapshot().iter().any(|m| m.topic == topic && m.status() == Status::Online)
+    };
+    wait_until(T, "three agents online", || (0..3).all(online));
+    // the subscriptions are in place once the agents are online; give the SUBACKs a moment
+    std::thread::sleep(Duration::from_millis(500));
+    let jpeg = tmp.path().join("door.jpg");
+    std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
+    // one shell loop of Mosquitto's own client: 600 QoS 1 publishes, each with its image_id
+    let script = format!(
+        "for i in $(seq 0 {last}); do mosquitto_pub -V mqttv5 -h 127.0.0.1 -p {port} -q 1 -t cameras/door/jpeg -f '{f}' \
+         -D publish user-property image_id door-$i || exit 1; done",
+        last = N - 1,
+        port = broker.port,
+        f = jpeg.display()
+    );
+    let out = std::process::Command::new("sh").arg("-c").arg(&script).output().expect("sh");
+    assert!(out.status.success(), "mosquitto_pub: {}", String::from_utf8_lossy(&out.stderr));
+
+    // picture id -> the agents that detected it (a QoS 1 resend to the same agent counts once)
+    let by_id = || {
+        let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for msg in col.detections() {
+            let d: Detections = msg.parse();
+            let FrameImage::Id { id, .. } = &d.image else { panic!("{:?}", d.image) };
+            m.entry(id.clone()).or_default().insert(d.device_id.clone());
+        }
+        m
+    };
+    wait_until(Duration::from_secs(240), "600 pictures detected", || by_id().len() >= N);
+    std::thread::sleep(Duration::from_secs(1));
+    let seen = by_id();
+    assert_eq!(seen.len(), N, "picture ids: {:?}", seen.keys().filter(|k| !k.starts_with("door-")).collect::<Vec<_>>());
+    let mut per_agent = BTreeMap::new();
+    for (id, devices) in &seen {
+        assert_eq!(devices.len(), 1, "{id} detected by {devices:?}");
+        *per_agent.entry(devices.iter().next().unwrap().clone()).or_insert(0usize) += 1;
+    }
+    let even = N / 3;
+    eprintln!("split over the three agents: {per_agent:?}");
+    assert_eq!(per_agent.len(), 3, "{per_agent:?}");
+    for (device, n) in &per_agent {
+        assert!(n.abs_diff(even) * 5 <= even, "{device} detected {n} of {N} pictures; even is {even} (+-20 %): {per_agent:?}");
+    }
+    for msg in col.detections() {
+        let d: Detections = msg.parse();
+        check_detection(&msg, &d.device_id);
+        assert_eq!(d.source, "door");
+    }
+    assert!(col.events("input_rejected").is_empty());
+    for a in &mut agents {
+        a.signal(libc::SIGTERM);
+    }
+    for a in &mut agents {
+        assert_eq!(a.wait(Duration::from_secs(30)), Some(0));
+    }
+    col.assert_all_typed();
+}
+
+/// The memory watchdog on CPU: `[watchdog] memory_limit`, edited below what the agent holds,
+/// gives one `memory_high` (and telemetry and `/metrics` say so); raised again, one `memory_ok`;
+/// nothing more while each limit stays, though the watchdog reads every 0.2 s.
+#[test]
+fn memory_watchdog_follows_a_limit_edited_in_the_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.telemetry_s = 0.5;
+    let watchdog = |limit: &str| format!("[watchdog]\ninterval_s = 0.2\nmemory_high = 0.9\nmemory_ok = 0.8\nmemory_limit = \"{limit}\"\n");
+    conf.extra = watchdog("64GiB");
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "info", || !col.on("/info").is_empty());
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(col.events("memory_high").is_empty() && col.events("memory_ok").is_empty());
+
+    // a loaded agent holds far more than 16 MiB
+    conf.extra = watchdog("16MiB");
+    conf.write(&cfg);
+    wait_until(T, "memory_high", || !col.events("memory_high").is_empty());
+    let EventBody::MemoryHigh(high) = &col.events("memory_high")[0] else { unreachable!() };
+    assert_eq!(
+        (high.scope, high.limit, high.limit_name.as_str(), high.threshold),
+        (MemoryScope::Process, 16 << 20, "config:watchdog.memory_limit", 0.9)
+    );
+    assert!(high.used > high.limit && high.share > 1.0, "{high:?}");
+    let tel = |high: bool| col.on("/telemetry").iter().rev().take(1).any(|m| m.parse::<Telemetry>().device_memory.high == high);
+    wait_until(T, "telemetry with memory high", || tel(true));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!((col.events("memory_high").len(), col.events("memory_ok").len()), (1, 0));
+
+    conf.extra = watchdog("64GiB");
+    conf.write(&cfg);
+    wait_until(T, "memory_ok", || !col.events("memory_ok").is_empty());
+    let EventBody::MemoryOk(ok) = &col.events("memory_ok")[0] else { unreachable!() };
+    assert_eq!((ok.scope, ok.limit, ok.threshold), (MemoryScope::Process, 64 << 30, 0.8));
+    assert!(ok.share < 0.8 && ok.used > 16 << 20, "{ok:?}");
+    wait_until(T, "telemetry with memory ok", || tel(false));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!((col.events("memory_high").len(), col.events("memory_ok").len()), (1, 1));
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
+}
+
 /// Source ids from outside become topic levels: an id of 70,000 bytes (which would make a topic
 /// the broker refuses, and the uplink would retry it forever) and ids with spaces or MQTT
 /// wildcards are refused at intake with an event each, never rewritten; a normal picture sent
@@ -1011,6 +1141,69 @@ fn mqtt_source_ids_from_outside_are_checked() {
 fn vm_hwm_kb(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap()
+}
+
+/// The agent in a real memory cgroup that the test makes (a child of the test's own memory
+/// cgroup: the v1 hierarchy on this machine, v2 where that is what the box has), limited to
+/// 256 MiB without swap: it plans its batch from the cgroup's headroom (the plan names that
+/// cgroup; at 320x320 the limit, not max_batch 64, decides), runs 500 pictures without the kernel's OOM killer acting, and its resident peak
+/// stays under the limit. Skips, saying why, where the cgroup cannot be made.
+#[test]
+fn agent_in_a_memory_cgroup_plans_within_the_limit_and_runs_500_pictures() {
+    const LIMIT: u64 = 256 << 20;
+    const N: usize = 500;
+    let tmp = tempfile::tempdir().unwrap();
+    let cg = match MemoryCgroup::create("yolo-edge-test", LIMIT) {
+        Ok(cg) => cg,
+        Err(why) => {
+            eprintln!("skipped: no memory cgroup can be made here: {why}");
+            return;
+        }
+    };
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.batch = 64;
+    conf.batch_auto = true;
+    conf.imgsz = 320;
+    conf.max_wait_ms = 100;
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn_in(&cg, &cfg);
+    wait_until(T, "info", || !col.on("/info").is_empty());
+    let info: Info = col.on("/info")[0].parse();
+    let plan = info.batch_plan.plan.as_ref().unwrap_or_else(|| panic!("the planner ran: {:?}", info.batch_plan));
+    eprintln!(
+        "plan in {}: batch {}, budget {} MiB, verified peak {} MiB, bound by {}",
+        cg.path,
+        plan.batch,
+        plan.budget.bytes >> 20,
+        plan.verified_peak >> 20,
+        plan.budget.limit
+    );
+    assert!(plan.budget.limit.starts_with("cgroup:") && plan.budget.limit.contains(&cg.path), "the test's cgroup binds: {plan:?}");
+    assert!(plan.budget.free < LIMIT, "the headroom under the limit, not the machine's: {plan:?}");
+    assert!(plan.verified_peak > 0 && plan.verified_peak <= plan.budget.bytes, "{plan:?}");
+    assert!((1..64).contains(&plan.batch), "the limit decides, not max_batch: {plan:?}");
+
+    let names = drop_images(&conf.input, 0, N, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "500 detections", || col.detections().len() >= N);
+    let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    let mut seen: Vec<String> = dets.iter().map(image_name).collect();
+    seen.sort();
+    seen.dedup();
+    let mut want = names.clone();
+    want.sort();
+    assert_eq!(seen, want, "every picture detected");
+    assert!(dets.iter().all(|d| d.batch_size <= plan.batch), "batches at most the planned size");
+    let hwm = vm_hwm_kb(agent.child.id()) << 10;
+    eprintln!("agent resident peak {} MiB, cgroup peak {:?} MiB, OOM kills {:?}", hwm >> 20, cg.peak().map(|p| p >> 20), cg.oom_kills());
+    assert!(hwm < LIMIT, "resident peak {hwm} under the limit {LIMIT}");
+    assert!(agent.alive(), "not OOM-killed; log:\n{}", agent.log());
+    assert_eq!(cg.oom_kills().unwrap_or(0), 0);
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
 }
 
 /// The MQTT client accepts packets up to `input.max_bytes` (with room for topic and properties),
@@ -1530,7 +1723,7 @@ fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_m
     let deploy = manifest().join("deploy/prometheus");
     let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("rules").arg(deploy.join("yolo-edge-alerts.yml")));
     assert_eq!(code, Some(0), "promtool check rules:\n{out}");
-    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
     // and they fire when they should (broker down, spool growing and nearly full, no frames, not
     // ready, memory near budget), and not before
     let (code, out) =
@@ -1550,6 +1743,53 @@ fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_m
     assert_eq!(probe(&["--if-configured"], &plain).0, Some(0));
     let (code, out) = probe(&[], &plain);
     assert!(code != Some(0) && out.contains("no [metrics] table"), "{code:?} {out}");
+
+    // the main panels, drawn from Prometheus' range queries into one PNG: 40 s of bursts of
+    // pictures (40 every 4 s, at three sizes) give the lines their shape
+    let (start, mut next) = (unix_s(), 60);
+    for round in 0..10 {
+        let side = [96, 320, 640][round % 3];
+        next += drop_images(&conf.input, next, 40, &small_jpeg("horses.jpg", side)).len();
+        std::thread::sleep(Duration::from_secs(4));
+    }
+    wait_until(T, "the bursts detected", || col.detections().len() >= next);
+    std::thread::sleep(Duration::from_secs(3));
+    let end = unix_s();
+    let main = [
+        ("Throughput", panels::Unit::Rate),
+        ("Device memory against budget and high-water", panels::Unit::Bytes),
+        ("Batch size", panels::Unit::Count),
+        ("Latency p99 per stage", panels::Unit::Seconds),
+        ("Queue depth", panels::Unit::Count),
+        ("Broker state", panels::Unit::Count),
+    ];
+    let drawn: Vec<panels::Panel> = main
+        .iter()
+        .map(|&(title, unit)| {
+            let series: Vec<panels::Series> = exprs
+                .iter()
+                .filter(|(t, _)| t == title)
+                .flat_map(|(_, expr)| panels::series_of(&prom.query_range(expr, start, end, 1.0), start, expr))
+                .collect();
+            assert!(series.iter().any(|s| s.points.len() >= 10), "panel {title:?}: no line over the run");
+            panels::Panel { title: title.to_string(), unit, series }
+        })
+        .collect();
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-panels.png");
+    panels::render(&png, &drawn, 2).unwrap();
+    let img = image::open(&png).unwrap().to_rgb8();
+    assert_eq!(img.dimensions(), (1200, 1140));
+    // every panel drew lines, not just its frame: more than two colours in each
+    for (i, p) in drawn.iter().enumerate() {
+        let (x0, y0) = ((i as u32 % 2) * 600, (i as u32 / 2) * 380);
+        let colours: BTreeSet<[u8; 3]> =
+            (y0 + 40..y0 + 340).flat_map(|y| (x0 + 80..x0 + 590).map(move |x| (x, y))).map(|(x, y)| img.get_pixel(x, y).0).collect();
+        assert!(colours.len() > 8, "panel {:?} looks empty ({} colours)", p.title, colours.len());
+    }
+    // `UPDATE_DOCS=1` keeps this run's picture for docs/monitoring.md
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::copy(&png, manifest().join("docs/monitoring-panels.png")).unwrap();
+    }
 
     // a live model change: not ready while the new model loads, ready again once it serves
     conf.model = m2.clone();

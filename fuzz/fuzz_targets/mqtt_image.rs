@@ -14,6 +14,9 @@ use yolo_edge::agent::pipeline::JobData;
 use yolo_edge::agent::sources::mqtt::{intake, Intake, MqttSource};
 use yolo_edge::vision::preprocess::{decode_image, letterbox, DecodeLimits};
 
+#[path = "common/decoder_panics.rs"]
+mod decoder_panics;
+
 /// `input.max_bytes` of the fuzzed agent (the packet cap follows from it).
 const MAX_BYTES: u64 = 1 << 20;
 
@@ -36,7 +39,7 @@ fn handle(sources: &[MqttSource], m: Incoming, counter: &AtomicU64) {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: decoder_panics::let_decoder_panics_unwind(), |data: &[u8]| {
     let sources = sources();
     let counter = AtomicU64::new(0);
     let max = max_incoming_packet(MAX_BYTES);

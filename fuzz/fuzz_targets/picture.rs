@@ -6,7 +6,10 @@
 use libfuzzer_sys::fuzz_target;
 use yolo_edge::vision::preprocess::{decode_image, letterbox, DecodeLimits};
 
-fuzz_target!(|data: &[u8]| {
+#[path = "common/decoder_panics.rs"]
+mod decoder_panics;
+
+fuzz_target!(init: decoder_panics::let_decoder_panics_unwind(), |data: &[u8]| {
     // the default limits but for the pixel count: 4 MP keeps each run short and still lets a
     // header claim far more than the file holds
     let limits = DecodeLimits { max_pixels: 4_000_000, ..DecodeLimits::default() };

@@ -50,7 +50,31 @@ struct Raw {
     #[serde(default)]
     metrics: Option<RawMetrics>,
     #[serde(default)]
+    watchdog: RawWatchdog,
+    #[serde(default)]
     debug: RawDebug,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWatchdog {
+    /// Seconds between two readings of the memory in use.
+    #[serde(default = "d_watch_interval")]
+    interval_s: PositiveF64,
+    /// Share of the limit at or above which `memory_high` is published.
+    #[serde(default = "d_watch_high")]
+    memory_high: Fraction,
+    /// Share of the limit at or below which `memory_ok` follows a `memory_high`.
+    #[serde(default = "d_watch_ok")]
+    memory_ok: Fraction,
+    /// Watch this process's memory against this cap instead of the device against its limit.
+    #[serde(default)]
+    memory_limit: Option<ByteSize>,
+}
+impl Default for RawWatchdog {
+    fn default() -> Self {
+        Self { interval_s: d_watch_interval(), memory_high: d_watch_high(), memory_ok: d_watch_ok(), memory_limit: None }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -324,6 +348,15 @@ fn d_release_idle() -> Ranged<0, 86_400> {
 fn d_load_timeout() -> PositiveF64 {
     PositiveF64(300.0)
 }
+fn d_watch_interval() -> PositiveF64 {
+    PositiveF64(2.0)
+}
+fn d_watch_high() -> Fraction {
+    Fraction(0.9)
+}
+fn d_watch_ok() -> Fraction {
+    Fraction(0.8)
+}
 fn d_grace() -> PositiveF64 {
     PositiveF64(20.0)
 }
@@ -472,6 +505,21 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     /// `[debug] model_load_delay_ms`: a sleep before each model load (None: none).
     pub model_load_delay: Option<Duration>,
+    /// `[watchdog]`: when `memory_high` and `memory_ok` are published; applies live.
+    pub watchdog: WatchdogConfig,
+}
+
+/// The memory watchdog's settings (`[watchdog]`, see `agent::watchdog`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WatchdogConfig {
+    /// Time between two readings.
+    pub interval: Duration,
+    /// Share of the limit at or above which memory is high (0 < `ok` < `high` <= 1).
+    pub high: f64,
+    /// Share of the limit at or below which high memory is over.
+    pub ok: f64,
+    /// A cap on this process's memory; None: the device against its own limit.
+    pub memory_limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -793,6 +841,23 @@ impl Config {
             }
         };
 
+        let w = raw.watchdog;
+        if w.memory_high.0 <= 0.0 {
+            return Err(invalid("watchdog.memory_high", "must be above 0".into()));
+        }
+        if w.memory_ok.0 >= w.memory_high.0 {
+            return Err(invalid(
+                "watchdog.memory_ok",
+                format!("{} must be below memory_high ({}): the gap keeps the events from flapping", w.memory_ok.0, w.memory_high.0),
+            ));
+        }
+        let watchdog = WatchdogConfig {
+            interval: Duration::from_secs_f64(w.interval_s.0),
+            high: w.memory_high.0,
+            ok: w.memory_ok.0,
+            memory_limit: w.memory_limit.map(|b| b.0),
+        };
+
         Ok(Config {
             path: path.to_path_buf(),
             sha256: Self::content_sha256(text.as_bytes()),
@@ -814,6 +879,7 @@ impl Config {
             inject_oom,
             metrics,
             model_load_delay: raw.debug.model_load_delay_ms.filter(|d| d.0 > 0).map(|d| Duration::from_millis(d.0)),
+            watchdog,
         })
     }
 
@@ -1031,6 +1097,32 @@ path = "/in"
         let d = Config::parse(&format!("{MIN}\n[debug]\nmodel_load_delay_ms = 1500\n"), Path::new("/etc/a.toml")).unwrap();
         assert_eq!(d.model_load_delay, Some(Duration::from_millis(1500)));
         assert_eq!(c.restart_required(&d), vec!["debug"]);
+    }
+
+    #[test]
+    fn watchdog_defaults_validation_and_live_edits() {
+        let c = Config::parse(MIN, Path::new("/etc/a.toml")).unwrap();
+        assert_eq!(c.watchdog, WatchdogConfig { interval: Duration::from_secs(2), high: 0.9, ok: 0.8, memory_limit: None });
+        let w = Config::parse(
+            &format!("{MIN}\n[watchdog]\ninterval_s = 0.5\nmemory_high = 0.7\nmemory_ok = 0.6\nmemory_limit = \"1.5GiB\"\n"),
+            Path::new("/etc/a.toml"),
+        )
+        .unwrap();
+        assert_eq!(w.watchdog, WatchdogConfig { interval: Duration::from_millis(500), high: 0.7, ok: 0.6, memory_limit: Some(3 << 29) });
+        // applied live: no restart
+        assert!(c.restart_required(&w).is_empty());
+        let e = err(&format!("{MIN}\n[watchdog]\nmemory_high = 0.8\nmemory_ok = 0.8\n"));
+        assert!(e.starts_with("/etc/a.toml:16:1: `watchdog.memory_ok`") && e.contains("must be below memory_high"), "{e}");
+        let e = err(&format!("{MIN}\n[watchdog]\nmemory_high = 1.2\n"));
+        assert!(e.starts_with("/etc/a.toml:15:") && e.contains("watchdog.memory_high") && e.contains("out of range"), "{e}");
+        let e = err(&format!("{MIN}\n[watchdog]\nmemory_high = 0.0\nmemory_ok = 0.0\n"));
+        assert!(e.contains("`watchdog.memory_high`") && e.contains("above 0"), "{e}");
+        let e = err(&format!("{MIN}\n[watchdog]\nmemory_limit = 0\n"));
+        assert!(e.starts_with("/etc/a.toml:15:") && e.contains("watchdog.memory_limit"), "{e}");
+        let e = err(&format!("{MIN}\n[watchdog]\ninterval_s = -1\n"));
+        assert!(e.contains("watchdog.interval_s"), "{e}");
+        let e = err(&format!("{MIN}\n[watchdog]\nmemory_hi = 0.5\n"));
+        assert!(e.contains("/etc/a.toml:15:") && e.contains("memory_hi"), "{e}");
     }
 
     #[test]

@@ -187,6 +187,10 @@ pub struct DeviceMemoryFigures {
     pub used: Option<u64>,
     /// The limit that sets `free` now, as in `PlanBudget.limit` (null where the device cannot tell).
     pub limit: Option<String>,
+    /// Whether the memory watchdog holds memory high now: from its `memory_high` event to the
+    /// next `memory_ok`.
+    #[serde(default)]
+    pub high: bool,
 }
 
 /// Memory of this process on the device, in bytes.
@@ -786,6 +790,10 @@ pub enum EventBody {
     MemoryOverBudget(MemoryBudget),
     /// The memory pool is back within the planner's budget.
     MemoryWithinBudget(MemoryBudget),
+    /// The memory watchdog read memory at or above `watchdog.memory_high` of its limit.
+    MemoryHigh(MemoryWatch),
+    /// After a `memory_high`, the memory watchdog read memory at or below `watchdog.memory_ok`.
+    MemoryOk(MemoryWatch),
 }
 
 impl EventBody {
@@ -808,6 +816,8 @@ impl EventBody {
             Self::MemoryReleased { .. } => "memory_released",
             Self::MemoryOverBudget(_) => "memory_over_budget",
             Self::MemoryWithinBudget(_) => "memory_within_budget",
+            Self::MemoryHigh(_) => "memory_high",
+            Self::MemoryOk(_) => "memory_ok",
         }
     }
 
@@ -862,6 +872,37 @@ impl std::fmt::Display for InputStage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// What the memory watchdog watches.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryScope {
+    /// The device's memory in use, by every process, against the device's limit (on the CPU and
+    /// an integrated GPU: host memory against the tightest of MemTotal and the cgroup limits).
+    Device,
+    /// This process's memory (CUDA pool reservation; resident set on the CPU) against
+    /// `watchdog.memory_limit`.
+    Process,
+}
+
+/// One reading of the memory watchdog, the one that crossed a threshold.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryWatch {
+    /// What was read.
+    pub scope: MemoryScope,
+    /// Memory in use (bytes).
+    pub used: u64,
+    /// The limit it is held against (bytes).
+    pub limit: u64,
+    /// What sets the limit: the device's (as in `DeviceMemoryFigures.limit`) or
+    /// `config:watchdog.memory_limit`.
+    pub limit_name: String,
+    /// `used / limit` (4 decimals).
+    pub share: f64,
+    /// The threshold crossed (`watchdog.memory_high` or `watchdog.memory_ok`).
+    pub threshold: f64,
 }
 
 /// The pool's reservation against the planner's budget (CUDA, after a plan).
@@ -1000,6 +1041,7 @@ pub(crate) mod examples {
                 free: Some(10 << 30),
                 used: Some(6 << 30),
                 limit: Some("cgroup:/system.slice/yolo-edge.service memory.max".into()),
+                high: false,
             },
             process_memory: ProcessMemory {
                 used: Some(300 << 20),
@@ -1184,6 +1226,22 @@ pub(crate) mod examples {
             EventBody::MemoryReleased { idle_s: 30.0, reserved_before: Some(1 << 30), reserved_after: None },
             EventBody::MemoryOverBudget(budget.clone()),
             EventBody::MemoryWithinBudget(budget),
+            EventBody::MemoryHigh(MemoryWatch {
+                scope: MemoryScope::Device,
+                used: 7 << 30,
+                limit: 15 << 29,
+                limit_name: "cgroup:/system.slice/yolo-edge.service memory.max".into(),
+                share: 0.9333,
+                threshold: 0.9,
+            }),
+            EventBody::MemoryOk(MemoryWatch {
+                scope: MemoryScope::Process,
+                used: 300 << 20,
+                limit: 1 << 30,
+                limit_name: "config:watchdog.memory_limit".into(),
+                share: 0.293,
+                threshold: 0.8,
+            }),
         ]
     }
 }
@@ -1279,6 +1337,11 @@ mod tests {
             ev(b[17].clone()),
             json!({"type": "memory_over_budget", "reserved": 900, "reserved_for_batches": 700, "budget": 600,
                    "verified_peak": 500, "batch": 4, "note": "n"})
+        );
+        assert_eq!(
+            ev(b[19].clone()),
+            json!({"type": "memory_high", "scope": "device", "used": 7u64 << 30, "limit": 15u64 << 29,
+                   "limit_name": "cgroup:/system.slice/yolo-edge.service memory.max", "share": 0.9333, "threshold": 0.9})
         );
         for body in b {
             assert_eq!(ev(body.clone())["type"], body.kind());

@@ -308,6 +308,12 @@ impl Collector for Inner {
             o.gauge("yolo_edge_batch_size_max", "The configured max_batch", None, c.max_batch)?;
         }
         o.counter("yolo_edge_oom_fallbacks", "Out-of-memory errors that split or failed a batch", &s.oom_fallbacks)?;
+        o.gauge(
+            "yolo_edge_memory_high",
+            "1 while the memory watchdog holds memory high (from memory_high to memory_ok), else 0",
+            None,
+            u64::from(s.memory_high.load(Relaxed)),
+        )?;
         if g(&s.plan_budget) > 0 {
             o.gauge("yolo_edge_memory_budget", "The planner's memory budget for batches", BYTES, g(&s.plan_budget))?;
             o.gauge("yolo_edge_plan_verified_peak", "The peak the planner measured at the planned batch", BYTES, g(&s.plan_verified_peak))?;

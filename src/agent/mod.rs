@@ -16,6 +16,7 @@ mod reload;
 pub mod sources;
 pub mod spool;
 pub mod telemetry;
+pub mod watchdog;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,12 @@
 //! MQTT connection (rumqttc, protocol 3.1.1 or 5, TLS via rustls, username/password, Last Will):
 //! one connection attempt per [`connect`], whose event loop runs in its own task and reports
 //! normalised [`ConnEvent`]s (publish packet ids, acknowledgements, refusals, incoming images).
+//!
+//! On the agent's connection, incoming QoS 1 messages are acknowledged by the agent ([`Ack`])
+//! once it has taken them in: a busy agent holds the broker back (the broker sends at most its in-flight
+//! window of unacknowledged messages, [`RECEIVE_MAXIMUM`] on MQTT 5) instead of dropping
+//! pictures, and the rest wait at the broker, or go to the other members of a shared
+//! subscription.
 
 use rumqttc::{Outgoing, QoS, TlsConfiguration, Transport};
 use tokio::sync::mpsc;
@@ -24,6 +30,21 @@ pub enum MqttError {
     Closed(String),
 }
 
+/// Unacknowledged QoS 1 messages an MQTT 5 broker may send the agent at once (CONNECT's Receive
+/// Maximum). A 3.1.1 broker uses its own window (Mosquitto's `max_inflight_messages`, 20).
+pub const RECEIVE_MAXIMUM: u16 = 32;
+
+/// The acknowledgement an incoming message is owed, sent with [`Client::try_ack`] on the
+/// connection it came on once the agent has taken the message in.
+#[derive(Debug, Clone)]
+pub enum Ack {
+    /// QoS 0, or a connection that acknowledges by itself: nothing to send.
+    None,
+    /// The packet, payload dropped, whose PUBACK is owed.
+    V4(Box<rumqttc::Publish>),
+    V5(Box<rumqttc::v5::mqttbytes::v5::Publish>),
+}
+
 /// What a connection reports; `gen` tells connections apart across reconnects.
 #[derive(Debug)]
 pub enum ConnEvent {
@@ -38,8 +59,8 @@ pub enum ConnEvent {
     /// The broker acknowledged the QoS 1 publish with this packet id; `error` is set when an
     /// MQTT 5 broker refused it (reason code >= 0x80).
     Acked { pkid: u16, error: Option<String> },
-    /// A message on a subscribed topic.
-    Message { topic: String, payload: Vec<u8>, properties: Vec<(String, String)> },
+    /// A message on a subscribed topic, and the acknowledgement it is owed.
+    Message { topic: String, payload: Vec<u8>, properties: Vec<(String, String)>, ack: Ack },
 }
 
 /// A connection's request side.
@@ -83,6 +104,18 @@ impl Client {
         }
     }
 
+    /// Sends the acknowledgement `ack` is owed (nothing for [`Ack::None`]). It must go on the
+    /// connection the message came on.
+    pub fn try_ack(&self, ack: &Ack) -> Result<(), MqttError> {
+        let r = match (self, ack) {
+            (_, Ack::None) => return Ok(()),
+            (Client::V4(c), Ack::V4(p)) => c.try_ack(p).map_err(|e| e.to_string()),
+            (Client::V5(c), Ack::V5(p)) => c.try_ack(p).map_err(|e| e.to_string()),
+            _ => return Err(MqttError::Closed("acknowledgement for another protocol".into())),
+        };
+        r.map_err(|e| if e.contains("full") || e.contains("Full") { MqttError::QueueFull } else { MqttError::Closed(e) })
+    }
+
     pub fn try_disconnect(&self) {
         let _ = match self {
             Client::V4(c) => c.try_disconnect().map_err(|e| e.to_string()),
@@ -115,17 +148,27 @@ pub fn max_incoming_packet(input_max_bytes: u64) -> usize {
 /// Starts one connection attempt: the returned client queues requests (`cap` deep); the event
 /// loop runs in a task until the connection ends, sending `(gen, event)` to `events`. Packets
 /// from the broker are accepted up to `max_incoming` bytes ([`max_incoming_packet`]).
+/// Incoming QoS 1 messages are acknowledged by the caller ([`Client::try_ack`]).
 pub fn connect(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, events: mpsc::Sender<(u64, ConnEvent)>) -> Client {
     connect_with(cfg, max_incoming, cap, gen, events, true)
 }
 
 /// [`connect`] for a client that only watches (`yolo-edge fleet`): no Last Will, so that
-/// closing it never marks the agent whose config it borrowed as offline.
+/// closing it never marks the agent whose config it borrowed as offline; incoming messages are
+/// acknowledged by the connection itself.
 pub fn connect_observer(cfg: &MqttConfig, cap: usize, events: mpsc::Sender<(u64, ConnEvent)>) -> Client {
     connect_with(cfg, 1 << 20, cap, 0, events, false)
 }
 
-fn connect_with(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, events: mpsc::Sender<(u64, ConnEvent)>, will: bool) -> Client {
+/// `agent`: the agent's own connection (Last Will, acknowledgements by the caller).
+fn connect_with(
+    cfg: &MqttConfig,
+    max_incoming: usize,
+    cap: usize,
+    gen: u64,
+    events: mpsc::Sender<(u64, ConnEvent)>,
+    agent: bool,
+) -> Client {
     let status = cfg.topic("status");
     let inflight = cfg.max_inflight.clamp(1, u16::MAX as usize - 1) as u16;
     match cfg.protocol {
@@ -135,15 +178,16 @@ fn connect_with(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, eve
                 .set_clean_session(true)
                 .set_inflight(inflight)
                 .set_max_packet_size(max_incoming, MAX_OUTGOING_PACKET)
+                .set_manual_acks(agent)
                 .set_transport(transport(cfg));
-            if will {
+            if agent {
                 o.set_last_will(rumqttc::LastWill::new(status, Status::Offline.as_payload(), QoS::AtLeastOnce, true));
             }
             if let Some(u) = &cfg.username {
                 o.set_credentials(u, cfg.password.clone().unwrap_or_default());
             }
             let (client, el) = rumqttc::AsyncClient::new(o, cap);
-            tokio::spawn(run_v4(el, gen, events));
+            tokio::spawn(run_v4(el, gen, events, agent));
             Client::V4(client)
         }
         Protocol::V5 => {
@@ -153,28 +197,32 @@ fn connect_with(cfg: &MqttConfig, max_incoming: usize, cap: usize, gen: u64, eve
                 .set_clean_start(true)
                 .set_outgoing_inflight_upper_limit(inflight)
                 .set_max_packet_size(Some(u32::try_from(max_incoming).unwrap_or(u32::MAX)))
+                .set_manual_acks(agent)
+                .set_receive_maximum(Some(RECEIVE_MAXIMUM))
                 .set_transport(transport(cfg));
-            if will {
+            if agent {
                 o.set_last_will(LastWill::new(status, Status::Offline.as_payload(), rumqttc::v5::mqttbytes::QoS::AtLeastOnce, true, None));
             }
             if let Some(u) = &cfg.username {
                 o.set_credentials(u, cfg.password.clone().unwrap_or_default());
             }
             let (client, el) = rumqttc::v5::AsyncClient::new(o, cap);
-            tokio::spawn(run_v5(el, gen, events));
+            tokio::spawn(run_v5(el, gen, events, agent));
             Client::V5(client)
         }
     }
 }
 
-async fn run_v4(mut el: rumqttc::EventLoop, gen: u64, tx: mpsc::Sender<(u64, ConnEvent)>) {
+async fn run_v4(mut el: rumqttc::EventLoop, gen: u64, tx: mpsc::Sender<(u64, ConnEvent)>, manual_acks: bool) {
     use rumqttc::{ConnectReturnCode as C, ConnectionError as E, Event, Packet};
     loop {
         let ev = match el.poll().await {
             Ok(Event::Incoming(Packet::ConnAck(_))) => ConnEvent::Connected,
             Ok(Event::Incoming(Packet::PubAck(a))) => ConnEvent::Acked { pkid: a.pkid, error: None },
-            Ok(Event::Incoming(Packet::Publish(p))) => {
-                ConnEvent::Message { topic: p.topic, payload: p.payload.to_vec(), properties: vec![] }
+            Ok(Event::Incoming(Packet::Publish(mut p))) => {
+                let payload = std::mem::take(&mut p.payload).to_vec();
+                let ack = if manual_acks && p.qos != QoS::AtMostOnce { Ack::V4(Box::new(p.clone())) } else { Ack::None };
+                ConnEvent::Message { topic: p.topic, payload, properties: vec![], ack }
             }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => ConnEvent::Sent(pkid),
             Ok(_) => continue,
@@ -194,7 +242,7 @@ async fn run_v4(mut el: rumqttc::EventLoop, gen: u64, tx: mpsc::Sender<(u64, Con
     }
 }
 
-async fn run_v5(mut el: rumqttc::v5::EventLoop, gen: u64, tx: mpsc::Sender<(u64, ConnEvent)>) {
+async fn run_v5(mut el: rumqttc::v5::EventLoop, gen: u64, tx: mpsc::Sender<(u64, ConnEvent)>, manual_acks: bool) {
     use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode as C, Packet, PubAckReason};
     use rumqttc::v5::{ConnectionError as E, Event};
     loop {
@@ -207,11 +255,13 @@ async fn run_v5(mut el: rumqttc::v5::EventLoop, gen: u64, tx: mpsc::Sender<(u64,
                 };
                 ConnEvent::Acked { pkid: a.pkid, error }
             }
-            Ok(Event::Incoming(Packet::Publish(p))) => ConnEvent::Message {
-                topic: String::from_utf8_lossy(&p.topic).into_owned(),
-                payload: p.payload.to_vec(),
-                properties: p.properties.map(|pr| pr.user_properties).unwrap_or_default(),
-            },
+            Ok(Event::Incoming(Packet::Publish(mut p))) => {
+                let payload = std::mem::take(&mut p.payload).to_vec();
+                let properties = p.properties.take().map(|pr| pr.user_properties).unwrap_or_default();
+                let ack =
+                    if manual_acks && p.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce { Ack::V5(Box::new(p.clone())) } else { Ack::None };
+                ConnEvent::Message { topic: String::from_utf8_lossy(&p.topic).into_owned(), payload, properties, ack }
+            }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => ConnEvent::Sent(pkid),
             Ok(_) => continue,
             Err(E::ConnectionRefused(code)) => {

@@ -160,7 +160,10 @@ impl Pipeline {
             .thread_name(|i| format!("decode-{i}"))
             .build()
             .map_err(std::io::Error::other)?;
-        let queue = (2 * c.device.max_batch).max(threads_n * 2).max(8);
+        // decoded pictures waiting for the batcher: two batches' worth of the startup batch (the
+        // working batch never grows past it), which the planner counts in on host memory
+        // (`planner::probe::PICTURES_PER_BATCH_SLOT`)
+        let queue = (2 * startup_batch).max(threads_n * 2).max(8);
         let (ordered_tx, ordered_rx) = sync_channel::<Receiver<Decoded>>(queue);
         let (batch_tx, batch_rx) = sync_channel::<Vec<Decoded>>(1);
         let (control_tx, control_rx) = sync_channel::<Control>(2);

@@ -13,10 +13,11 @@ use tokio::sync::{mpsc, watch};
 use crate::agent::config::Config;
 use crate::agent::events::EventSink;
 use crate::agent::messages::{self, EventBody, FrameImage, FrameLatency, ImageName, InputStage, MemoryBudget, Status};
-use crate::agent::mqtt::{self, Client, ConnEvent, Incoming};
+use crate::agent::mqtt::{self, Client, ConnEvent, Incoming, MqttError};
 use crate::agent::pipeline::{Completion, ImageRef, Outcome};
 use crate::agent::spool::Spool;
 use crate::agent::telemetry::{self, FpsMeter, FrameResult, MemorySource, Stage, Stats};
+use crate::agent::watchdog::{self, Watchdog};
 
 /// Most events kept while the broker is away (the oldest are dropped, counted, and logged).
 const MAX_PENDING_EVENTS: usize = 1000;
@@ -92,6 +93,13 @@ struct Publisher {
     conn_rx: mpsc::Receiver<(u64, ConnEvent)>,
     /// Whether the last telemetry reading had the process over the planner's budget.
     over_budget: bool,
+    /// The memory watchdog's state.
+    watchdog: Watchdog,
+    /// Images from the broker that the MQTT source has no room for yet, with the connection
+    /// they came on and their acknowledgement, which is held back until they are handed over.
+    images_waiting: VecDeque<(u64, Incoming, mqtt::Ack)>,
+    /// Acknowledgements not yet queued on the client (its request queue was full).
+    acks_owed: VecDeque<(u64, mqtt::Ack)>,
     /// Since when the broker has been away, why, and the spool count then (for the
     /// `mqtt_reconnected` event); connection attempts since.
     down: Option<(Instant, String, u64)>,
@@ -111,6 +119,10 @@ struct Publisher {
 /// broker cannot accept, and dead-lettered (with the drop that started one-at-a-time sending,
 /// the broker has dropped the connection one more time than this).
 pub const POISON_DROPS: u32 = 3;
+
+/// Images held back from the MQTT source at most: the broker's in-flight window bounds them
+/// (`mqtt::RECEIVE_MAXIMUM`, or a 3.1.1 broker's own), this only a broker that ignores it.
+const MAX_IMAGES_WAITING: usize = 1024;
 
 /// Acknowledged detections, sent one at a time, after which a full window is used again.
 const CAREFUL_ACKS: u32 = 16;
@@ -133,6 +145,9 @@ pub async fn run(parts: PublisherParts) {
         seq: 0,
         started: Instant::now(),
         over_budget: false,
+        watchdog: Watchdog::default(),
+        images_waiting: VecDeque::new(),
+        acks_owed: VecDeque::new(),
         down: None,
         attempts: 0,
         pending_telemetry: None,
@@ -147,10 +162,13 @@ pub async fn run(parts: PublisherParts) {
     let mut telem = tokio::time::interval(p.cfg.telemetry_interval);
     telem.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     telem.tick().await;
+    let mut memory_tick = tokio::time::interval(p.cfg.watchdog.interval);
+    memory_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut results_open = true;
     let mut deadline: Option<tokio::time::Instant> = None;
     loop {
         p.pump();
+        p.feed_images();
         p.update_gauges();
         if !results_open && (p.all_delivered() || !p.connected) {
             break;
@@ -170,6 +188,7 @@ pub async fn run(parts: PublisherParts) {
             },
             Some(e) = p.p.events_rx.recv() => p.on_event(e),
             _ = telem.tick() => p.telemetry(),
+            _ = memory_tick.tick() => p.watch_memory(),
             _ = async { tokio::time::sleep_until(reconnect_at.unwrap_or_else(tokio::time::Instant::now)).await }, if reconnect_at.is_some() && p.client.is_none() => p.connect(),
             r = p.p.cfg.changed() => if r.is_ok() {
                 let new = p.p.cfg.borrow_and_update().clone();
@@ -177,6 +196,10 @@ pub async fn run(parts: PublisherParts) {
                     telem = tokio::time::interval(new.telemetry_interval);
                     telem.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     telem.tick().await;
+                }
+                if new.watchdog.interval != p.cfg.watchdog.interval {
+                    memory_tick = tokio::time::interval(new.watchdog.interval);
+                    memory_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 }
                 let reconnect = new.mqtt != p.cfg.mqtt;
                 p.cfg = new;
@@ -193,7 +216,8 @@ pub async fn run(parts: PublisherParts) {
                     deadline = Some(tokio::time::Instant::now() + p.cfg.shutdown_grace);
                 }
             },
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            // images waiting for room in the MQTT source are handed over as it drains
+            _ = tokio::time::sleep(Duration::from_millis(if p.images_waiting.is_empty() { 200 } else { 5 })) => {}
         }
     }
     p.finish().await;
@@ -408,8 +432,10 @@ impl Publisher {
                     }
                 }
             }
-            ConnEvent::Message { topic, payload, properties } => {
-                if self.p.images.try_send(Incoming { topic: topic.clone(), payload, properties }).is_err() {
+            ConnEvent::Message { topic, payload, properties, ack } => {
+                if self.images_waiting.len() >= MAX_IMAGES_WAITING {
+                    // a broker that sends past its in-flight window: the excess is refused (and,
+                    // unacknowledged, comes again after a reconnect)
                     self.p.stats.inputs_rejected.fetch_add(1, Relaxed);
                     self.p.stats.count_frame(None, FrameResult::Failed);
                     self.p.events.emit(EventBody::InputRejected {
@@ -419,7 +445,47 @@ impl Publisher {
                         stage: InputStage::Intake,
                         reason: "intake full (agent overloaded)".into(),
                     });
+                    return;
                 }
+                self.images_waiting.push_back((self.gen, Incoming { topic, payload, properties }, ack));
+                self.feed_images();
+            }
+        }
+    }
+
+    /// Hands waiting images to the MQTT source while it has room, and acknowledges each to the
+    /// broker once handed over (on the connection it came on; an image from an earlier
+    /// connection is taken in without one, the broker having dropped that session).
+    fn feed_images(&mut self) {
+        while let Some((gen, m, ack)) = self.images_waiting.pop_front() {
+            match self.p.images.try_send(m) {
+                Ok(()) => {
+                    if let (true, Some(c)) = (gen == self.gen, &self.client) {
+                        if c.try_ack(&ack).is_err() {
+                            self.acks_owed.push_back((gen, ack));
+                        }
+                    }
+                }
+                Err(mpsc::error::TrySendError::Full(m)) => {
+                    self.images_waiting.push_front((gen, m, ack));
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    self.images_waiting.clear();
+                    break;
+                }
+            }
+        }
+        // acknowledgements the client's request queue had no room for
+        while let Some((gen, ack)) = self.acks_owed.pop_front() {
+            match &self.client {
+                Some(c) if gen == self.gen => {
+                    if let Err(MqttError::QueueFull) = c.try_ack(&ack) {
+                        self.acks_owed.push_front((gen, ack));
+                        break;
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -620,6 +686,16 @@ impl Publisher {
                 self.p.events.emit(EventBody::InputRejected { source, image: Some(image), topic: None, stage, reason });
             }
         }
+    }
+
+    /// One reading of the memory watchdog; an event when it crosses a threshold.
+    fn watch_memory(&mut self) {
+        let cfg = self.cfg.watchdog;
+        let Some(r) = watchdog::Reading::from_memory(&self.p.memory.query(), &cfg) else { return };
+        if let Some(e) = self.watchdog.observe(&r, &cfg) {
+            self.p.events.emit(e);
+        }
+        self.p.stats.memory_high.store(self.watchdog.is_high(), Relaxed);
     }
 
     fn telemetry(&mut self) {

@@ -236,6 +236,8 @@ pub struct Stats {
     pub model_ready: AtomicBool,
     /// SIGTERM/SIGINT came: intake stopped, draining.
     pub shutting_down: AtomicBool,
+    /// The memory watchdog holds memory high (`agent::watchdog`).
+    pub memory_high: AtomicBool,
     latencies: [Mutex<VecDeque<f32>>; 6],
     histograms: [LatencyHistogram; 6],
     /// Pictures by source and result, at most [`MAX_SOURCE_LABELS`] sources (then `other`).
@@ -367,7 +369,13 @@ pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, devi
         boot_id: boot_id.to_string(),
         ts,
         uptime_s: (uptime_s * 1000.0).round() / 1000.0,
-        device_memory: DeviceMemoryFigures { total: mem.total, free: mem.free, used: mem.used, limit: mem.limit.clone() },
+        device_memory: DeviceMemoryFigures {
+            total: mem.total,
+            free: mem.free,
+            used: mem.used,
+            limit: mem.limit.clone(),
+            high: stats.memory_high.load(Relaxed),
+        },
         process_memory: ProcessMemory {
             used: mem.process_used,
             reserved: mem.process_reserved,

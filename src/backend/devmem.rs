@@ -130,6 +130,19 @@ impl PeakMeter {
         match &self.device {
             #[cfg(feature = "cuda")]
             Device::Cuda(d) => cuda::trim(d),
+            Device::Cpu => {
+                // freed tensors stay resident in the allocator's arenas; without giving them
+                // back, a measurement after a larger one reads low (its pages are already
+                // resident), and the resident set that the kernel judges stays at the old peak
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                // SAFETY: malloc_trim only returns free heap pages to the kernel; it touches no
+                // live allocation and is thread-safe in glibc.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+                Ok(())
+            }
+            #[allow(unreachable_patterns)]
             _ => Ok(()),
         }
     }

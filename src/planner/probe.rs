@@ -26,12 +26,21 @@ pub struct Peaks {
 /// Passes per measurement (after the warm-up), the pool untouched between them.
 pub const MEASURED_PASSES: usize = 3;
 
+/// Letterboxed pictures the agent's pipeline holds per slot of the batch while batches run: two
+/// in the decoded queue (`agent::pipeline` sizes it at twice the startup batch), one gathered by
+/// the batcher, one in the batch handed over and one in the batch running. On the CPU and an
+/// integrated GPU they take the memory the budget covers, so a measurement there counts them.
+pub const PICTURES_PER_BATCH_SLOT: u64 = 5;
+
 pub struct DetectorProber<'a> {
     det: &'a Detector,
     meter: PeakMeter,
     picture: Letterboxed,
     /// The used high-water mark of the last successful probe.
     last_used: Option<u64>,
+    /// Whether the device's memory is host memory (the CPU, an integrated GPU): the pipeline's
+    /// pictures count then.
+    host_memory: bool,
 }
 
 impl<'a> DetectorProber<'a> {
@@ -40,7 +49,20 @@ impl<'a> DetectorProber<'a> {
         // a textured picture (not a constant: some kernels take shortcuts on zeros)
         let pixels: Vec<u8> = (0..(s * s * 3) as usize).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let picture = Letterboxed { pixels, geometry: LetterboxGeometry::new(s, s, s) };
-        Self { det, meter: PeakMeter::new(det.device()), picture, last_used: None }
+        let host_memory = devmem::device_memory(det.device())
+            .map(|m| m.source != crate::backend::hostmem::MemorySource::CudaDriver)
+            .unwrap_or(!det.device().is_cuda());
+        Self { det, meter: PeakMeter::new(det.device()), picture, last_used: None, host_memory }
+    }
+
+    /// Bytes of the pictures the pipeline holds around batches of `batch` on host memory
+    /// ([`PICTURES_PER_BATCH_SLOT`] per slot); 0 on a discrete GPU.
+    fn pipeline_bytes(&self, batch: usize) -> u64 {
+        if self.host_memory {
+            PICTURES_PER_BATCH_SLOT * batch as u64 * self.picture.pixels.len() as u64
+        } else {
+            0
+        }
     }
 
     /// Peak bytes above the resident set for batches of `batch` pictures, as the agent runs
@@ -49,7 +71,8 @@ impl<'a> DetectorProber<'a> {
     /// the pool is trimmed and [`MEASURED_PASSES`] passes run back to back with the pool left as
     /// the agent leaves it between batches; the reserved high-water mark over them is what the
     /// planner plans on, the used one (the tensors alone, without the pool's granules and
-    /// fragmentation) what it reports beside it.
+    /// fragmentation) what it reports beside it. On host memory both include the pipeline's
+    /// pictures ([`PICTURES_PER_BATCH_SLOT`] per slot).
     /// Trimming between passes read low: where large activations land in a pool that still holds
     /// the previous pass's free blocks differs from an empty pool (measured: yolov9m
     /// batch 74 read 3232 MiB from an empty pool, and peaked at 3680 MiB in a 1000-batch soak).
@@ -59,7 +82,9 @@ impl<'a> DetectorProber<'a> {
         }
         let r = self.high_water(|| (0..MEASURED_PASSES).try_for_each(|_| self.run_batch(batch)));
         let _ = self.meter.trim(); // also after an out-of-memory error: the next probe starts clean
-        Ok(r?.1)
+        let peaks = r?.1;
+        let pictures = self.pipeline_bytes(batch);
+        Ok(Peaks { reserved: peaks.reserved + pictures, used: peaks.used + pictures })
     }
 
     /// Runs `work` from a trimmed pool with the high-water marks reset; returns its result and the
@@ -99,7 +124,8 @@ impl<'a> DetectorProber<'a> {
             }
             Ok((done, oom))
         })?;
-        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak: peak.reserved, stages })
+        let peak = peak.reserved + self.pipeline_bytes(batch);
+        Ok(Soak { batch, passes: done, oom, seconds: t.elapsed().as_secs_f64(), peak, stages })
     }
 
     /// Where a batch's time goes on the agent's path, median over `n` batches, each stage

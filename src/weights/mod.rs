@@ -308,7 +308,7 @@ fn load_pt(path: &Path, bytes: &[u8]) -> Result<Checkpoint, WeightsError> {
         return Err(WeightsError::UnknownArchitecture { path: path.to_owned(), reason: format!("`{class}` is not a detection model") });
     }
 
-    let refs = collect_tensors(&model);
+    let refs = collect_tensors(&model).map_err(|reason| not_ckpt(path, &reason))?;
     if refs.is_empty() {
         return Err(not_ckpt(path, "the model holds no tensors"));
     }
@@ -410,37 +410,74 @@ fn names_from(v: &Value) -> Option<Vec<String>> {
     }
 }
 
+/// Longest tensor name (and so module path) accepted, in bytes. Real names are short
+/// (`model.22.cv3.2.2.weight`, under 64 bytes); the bound keeps a file that nests modules under
+/// one long memoised key from making names that grow with the square of the depth.
+pub const MAX_TENSOR_NAME: usize = 512;
+/// Most tensors a checkpoint may name: the largest YOLOv9 (e, unfused) has about 1,900.
+pub const MAX_TENSORS: usize = 100_000;
+/// Most `_parameters`, `_buffers` and `_modules` entries the walk reads, over all modules
+/// (YOLOv9-e: about 4,000). Modules that share one large dict would otherwise cost the product
+/// of their counts.
+pub const MAX_WALK_ENTRIES: usize = 1_000_000;
+
 /// Walks `_parameters`, `_buffers` and `_modules` like `nn.Module.state_dict()`, iteratively,
 /// at most [`MAX_MODULE_DEPTH`] modules deep, and each module once (a module shared by two
 /// parents is listed under the first path found, so a graph of shared modules costs its size,
-/// not the number of its paths).
-fn collect_tensors(model: &Value) -> Vec<(String, Rc<pickle::TensorRef>)> {
+/// not the number of its paths). Names are at most [`MAX_TENSOR_NAME`] bytes, at most
+/// [`MAX_TENSORS`] of them are listed and at most [`MAX_WALK_ENTRIES`] entries read, whatever
+/// dicts the modules share.
+fn collect_tensors(model: &Value) -> Result<Vec<(String, Rc<pickle::TensorRef>)>, String> {
+    let too_long = |name: &str| {
+        let head: String = name.chars().take(40).collect();
+        format!("a tensor or module name of more than {MAX_TENSOR_NAME} bytes (`{}...`)", head.escape_debug())
+    };
     let mut out = Vec::new();
     let mut seen = HashSet::new();
+    let mut entries = 0usize;
+    let mut read = |d: Value| {
+        entries = entries.saturating_add(d.item_count().unwrap_or(0));
+        if entries > MAX_WALK_ENTRIES {
+            return Err(format!("a module graph of more than {MAX_WALK_ENTRIES} entries"));
+        }
+        Ok(d.pairs())
+    };
     let mut todo = vec![(model.clone(), String::new(), 0usize)];
     while let Some((m, prefix, depth)) = todo.pop() {
         if depth > MAX_MODULE_DEPTH || !m.identity().is_some_and(|id| seen.insert(id)) {
             continue;
         }
         for key in ["_parameters", "_buffers"] {
-            if let Some(d) = m.attr(key).and_then(|d| d.pairs()) {
+            if let Some(d) = m.attr(key).map(&mut read).transpose()?.flatten() {
                 for (k, v) in d {
                     if let (Some(k), Value::Tensor(t)) = (k.as_str(), &v) {
+                        if prefix.len() + k.len() > MAX_TENSOR_NAME {
+                            return Err(too_long(&format!("{prefix}{k}")));
+                        }
+                        if out.len() == MAX_TENSORS {
+                            return Err(format!("more than {MAX_TENSORS} tensors"));
+                        }
                         out.push((format!("{prefix}{k}"), t.clone()));
                     }
                 }
             }
         }
-        if let Some(d) = m.attr("_modules").and_then(|d| d.pairs()) {
+        if let Some(d) = m.attr("_modules").map(&mut read).transpose()?.flatten() {
             // reversed, so that the stack pops the modules in their order
             for (k, v) in d.into_iter().rev() {
+                if v.identity().is_some_and(|id| seen.contains(&id)) {
+                    continue;
+                }
                 if let Some(k) = k.as_str() {
+                    if prefix.len() + k.len() + 1 > MAX_TENSOR_NAME {
+                        return Err(too_long(&format!("{prefix}{k}")));
+                    }
                     todo.push((v.clone(), format!("{prefix}{k}."), depth + 1));
                 }
             }
         }
     }
-    out
+    Ok(out)
 }
 
 use std::rc::Rc;

@@ -170,3 +170,54 @@ pub fn storage_bomb() -> Vec<u8> {
 pub fn trillion_elements() -> Vec<u8> {
     pt(&model_with(|p| p.tensor("0", 10, 0, &[1_000_000, 1_000_000], &[1_000_000, 1])), &[("0", &[0u8; 40])])
 }
+
+/// Modules nested `levels` deep, each under one long memoised key of `key_len` bytes, every one
+/// holding the same `_parameters` dict of `tensors` entries: listed without bounds, the names
+/// alone would take about levels² x tensors x key_len / 2 bytes (16 GiB for 64, 1000, 8000),
+/// from a file of a few KiB.
+pub fn long_module_paths(levels: u32, tensors: u32, key_len: usize) -> Vec<u8> {
+    const MODULE: &str = "torch.nn.modules.module.Module";
+    // memo 0: the tensor, 1: the long key, 2: the shared `_parameters`, 3 + i: module i
+    let mut p = Pickle::new().tensor("0", 10, 0, &[10], &[1]).memo_put(0).raw(b"0").str(&"k".repeat(key_len)).memo_put(1).raw(b"0");
+    p = p.raw(b"}(");
+    for i in 0..tensors {
+        p = p.str(&format!("w{i}")).memo_get(0);
+    }
+    p = p.raw(b"u").memo_put(2).raw(b"0");
+    p = p.module(MODULE).str("_parameters").memo_get(2).raw(b"sb").memo_put(3).raw(b"0");
+    for i in 1..levels {
+        p = p
+            .module(MODULE)
+            .str("_parameters")
+            .memo_get(2)
+            .raw(b"s")
+            .str("_modules")
+            .raw(b"}")
+            .memo_get(1)
+            .memo_get(3 + i - 1)
+            .raw(b"ssb")
+            .memo_put(3 + i)
+            .raw(b"0");
+    }
+    let pkl = p.module(DETECTION_MODEL).str("_modules").raw(b"}").str("model").memo_get(3 + levels - 1).raw(b"ssb.").0;
+    pt(&pkl, &[("0", &[0u8; 40])])
+}
+
+/// `modules` modules that all share one `_modules` dict holding every one of them: each module
+/// is walked once, but reading the shared dict anew for each would cost modules² entries.
+pub fn shared_modules_dict(modules: u32) -> Vec<u8> {
+    const MODULE: &str = "torch.nn.modules.module.Module";
+    // memo 0: the shared `_modules` dict, 1 + i: module i
+    let mut p = Pickle::new().raw(b"}").memo_put(0).raw(b"0");
+    for i in 0..modules {
+        p = p.module(MODULE).str("_modules").memo_get(0).raw(b"sb").memo_put(1 + i).raw(b"0");
+    }
+    // fill the shared dict: SETITEMS on it, after every module exists
+    p = p.memo_get(0).raw(b"(");
+    for i in 0..modules {
+        p = p.str(&format!("m{i}")).memo_get(1 + i);
+    }
+    p = p.raw(b"u0");
+    let pkl = p.module(DETECTION_MODEL).str("_modules").memo_get(0).raw(b"sb.").0;
+    pt(&pkl, &[])
+}

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod hostile;
+pub mod panels;
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -18,6 +19,11 @@ use yolo_edge::agent::messages::{self, EventBody};
 
 /// The agent's topic prefix in these tests (the config default).
 pub const PREFIX: &str = "yolo-edge";
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_s() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
 
 pub fn manifest() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -776,6 +782,16 @@ impl Prometheus {
         v["data"]["result"].as_array().cloned().unwrap_or_default()
     }
 
+    /// `/api/v1/query_range` from `start` to `end` (Unix seconds) at `step_s`: the matrix result.
+    pub fn query_range(&self, expr: &str, start: f64, end: f64, step_s: f64) -> Vec<serde_json::Value> {
+        let q = format!("/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step_s}", url_encode(expr));
+        let (status, _, body) =
+            http_get(self.port, &q, "application/json").unwrap_or_else(|| panic!("prometheus did not answer; log:\n{}", self.log()));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{expr}: not JSON ({e}): {body}"));
+        assert!(status == 200 && v["status"] == "success", "{expr}: HTTP {status}: {body}");
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -785,5 +801,96 @@ impl Drop for Prometheus {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A memory cgroup made by a test: a child of this process's own memory cgroup (v2, or the v1
+/// `memory` hierarchy) with a limit, removed on drop. Needs a cgroup filesystem this process may
+/// write (root on this machine and in CI's containers; not everywhere).
+pub struct MemoryCgroup {
+    pub dir: PathBuf,
+    /// The cgroup's path as `/proc/<pid>/cgroup` shows it, e.g. `/process_api/abc/yolo-edge-test-1`.
+    pub path: String,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    /// A cgroup limited to `limit` bytes; Err with the reason where this process cannot make one.
+    pub fn create(tag: &str, limit: u64) -> Result<MemoryCgroup, String> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+        let v1 = own.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+            ctl.split(',').any(|c| c == "memory").then(|| path.to_string())
+        });
+        let (base, parent, v2) = match v1 {
+            Some(p) => (PathBuf::from("/sys/fs/cgroup/memory"), p, false),
+            None => {
+                let p = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("no memory cgroup in /proc/self/cgroup")?;
+                (PathBuf::from("/sys/fs/cgroup"), p.to_string(), true)
+            }
+        };
+        let path = format!("{}/{tag}-{}", parent.trim_end_matches('/'), std::process::id());
+        let dir = base.join(path.trim_start_matches('/'));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let cg = MemoryCgroup { dir, path, v2 };
+        let (file, value) = if v2 { ("memory.max", limit.to_string()) } else { ("memory.limit_in_bytes", limit.to_string()) };
+        std::fs::write(cg.dir.join(file), value).map_err(|e| format!("cannot set {file} of {}: {e}", cg.dir.display()))?;
+        if !v2 {
+            // no swap either, where the kernel accounts it: the limit is the memory there is
+            let _ = std::fs::write(cg.dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
+        } else {
+            let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");
+        }
+        Ok(cg)
+    }
+
+    /// `cgroup.procs`: a process writes its pid here to join.
+    pub fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// The highest memory use the kernel saw in the cgroup (bytes; page cache included).
+    pub fn peak(&self) -> Option<u64> {
+        let f = if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
+        std::fs::read_to_string(self.dir.join(f)).ok()?.trim().parse().ok()
+    }
+
+    /// How many processes the kernel's OOM killer ended in the cgroup (None: not reported).
+    pub fn oom_kills(&self) -> Option<u64> {
+        let f = if self.v2 { "memory.events" } else { "memory.oom_control" };
+        let text = std::fs::read_to_string(self.dir.join(f)).ok()?;
+        text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok())
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // the processes are gone by now; an empty cgroup is removed with rmdir
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("cannot remove {}", self.dir.display());
+    }
+}
+
+impl Agent {
+    /// [`Agent::spawn`] inside `cgroup`: a shell joins it, then execs the agent (same pid).
+    pub fn spawn_in(cgroup: &MemoryCgroup, config: &Path) -> Agent {
+        let log = config.with_file_name("agent-cgroup.log");
+        let f = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#"echo $$ > "$1" && exec "$0" run --config "$2""#)
+            .arg(env!("CARGO_BIN_EXE_yolo-edge"))
+            .arg(cgroup.procs())
+            .arg(config)
+            .env("RUST_LOG", "info,rumqttc=warn")
+            .stdout(Stdio::null())
+            .stderr(f);
+        Agent { child: cmd.spawn().unwrap(), log }
     }
 }

@@ -214,6 +214,20 @@ fn modules_shared_along_many_paths_are_walked_once() {
     assert_refused(dir.path(), "self-module.pt", &self_module(), &[""]);
 }
 
+/// Names that would grow with the square of the nesting (one long memoised key per level, one
+/// `_parameters` dict shared by every level), and one `_modules` dict shared by 20,000 modules
+/// that it all holds: refused within `assert_refused`'s 5 s and address-space limit, instead of
+/// gigabytes of names or 4 x 10^8 entries read.
+#[test]
+fn module_paths_that_grow_quadratically_are_refused() {
+    let dir = tmpdir();
+    assert_refused(dir.path(), "long-paths.pt", &long_module_paths(64, 1000, 8000), &["name of more than 512 bytes"]);
+    // short keys: every name fits, and 64 x 1000 names are a legal (if odd) walk that ends in
+    // the usual refusal of tensors no model has
+    assert_refused(dir.path(), "many-names.pt", &long_module_paths(64, 1000, 1), &[""]);
+    assert_refused(dir.path(), "shared-modules-dict.pt", &shared_modules_dict(20_000), &["more than 1000000 entries"]);
+}
+
 #[test]
 fn zip_bombs_and_oversized_archives_are_refused() {
     let dir = tmpdir();
