@@ -1299,7 +1299,7 @@ mod tests {
         assert_eq!(t["batch"]["last_oom_ms"], json!(null));
         assert_eq!(
             t["device_memory"],
-            json!({"total": 16u64 << 30, "free": 10u64 << 30, "used": 6u64 << 30, "limit": "cgroup:/system.slice/yolo-edge.service memory.max"})
+            json!({"total": 16u64 << 30, "free": 10u64 << 30, "used": 6u64 << 30, "limit": "cgroup:/system.slice/yolo-edge.service memory.max", "high": false})
         );
         assert_eq!(serde_json::to_value(plan()).unwrap()["budget"]["limit"], json!("config:memory_limit"));
         assert_eq!(t["latency_ms"]["publish"], json!({"p50": 80.0, "p90": 85.5, "p99": 90.25}));
