@@ -2,8 +2,9 @@
 # Coverage-guided fuzzing of the inputs that come from outside (fuzz/, docs/security.md "Fuzzing").
 #
 #   scripts/fuzz.sh build                        build the five targets (fuzz/target/.../release/)
-#   scripts/fuzz.sh smoke [SECONDS]              each target SECONDS (25) from its seeds; fails on
-#                                                any crash, leak, timeout or out-of-memory (CI)
+#   scripts/fuzz.sh smoke [SECONDS]              replays fuzz/regressions/<target>/, then each target
+#                                                SECONDS (25) from its seeds; fails on any crash,
+#                                                leak, timeout or out-of-memory (CI)
 #   scripts/fuzz.sh long OUT SECONDS [JOBS] [TARGET...]
 #                                                each target SECONDS of wall time with JOBS (1)
 #                                                libFuzzer fork workers, one target after the other;
@@ -74,6 +75,14 @@ smoke() {
     local b
     b=$(bin "$t")
     mkdir -p "$tmp/$t/corpus" "$tmp/$t/artifacts"
+    # the inputs of earlier findings first (fuzz/regressions/<target>/), each replayed once
+    if compgen -G "fuzz/regressions/$t/*" >/dev/null; then
+      echo "== fuzz regressions: $t ($(find "fuzz/regressions/$t" -type f | wc -l) inputs)"
+      if ! "$b" "${COMMON[@]}" fuzz/regressions/"$t"/* </dev/null >"$tmp/$t/regressions.log" 2>&1; then
+        failed=1
+        tail -40 "$tmp/$t/regressions.log"
+      fi
+    fi
     echo "== fuzz smoke: $t (${secs}s)"
     if ! "$b" "${COMMON[@]}" -max_len="$(max_len "$t")" -max_total_time="$secs" -artifact_prefix="$tmp/$t/artifacts/" \
       "$tmp/$t/corpus" "$SEEDS/$t" </dev/null >"$tmp/$t/log" 2>&1; then

@@ -310,10 +310,18 @@ mod tests {
     #[test]
     fn a_jpeg_that_overflows_the_decoders_arithmetic_is_an_error_or_a_picture_never_a_panic() {
         // found by the `mqtt_image` fuzz target: zune-jpeg 0.5.15 multiplies with overflow
-        // (bitstream.rs:400) while decoding it, a panic where overflow checks are on
+        // (bitstream.rs:400) while decoding it, a panic where overflow checks are on. As found,
+        // its header claims more blocks than its scan can hold, which the stub check refuses
+        // before any decoding
         let bytes = include_bytes!("../../fuzz/regressions/picture/zune-jpeg-0.5.15-mul-overflow.jpg");
-        match decode_image(bytes, &DecodeLimits::default()) {
+        let e = decode_image(bytes, &DecodeLimits::default()).unwrap_err();
+        assert!(e.to_string().contains("scan data"), "{e}");
+        // the same file with 5000 zero bytes before its end-of-image marker (a later fuzz find had
+        // such a scan) passes that check and reaches the decoder, whose panic is this input's error
+        let padded = include_bytes!("../../fuzz/regressions/picture/zune-jpeg-0.5.15-mul-overflow-padded.jpg");
+        match decode_image(padded, &DecodeLimits::default()) {
             Ok(img) => assert!(img.width() > 0 && img.height() > 0),
+            Err(ImageError::Corrupt { reason, .. }) if cfg!(debug_assertions) => assert_eq!(reason, "the decoder failed on this input"),
             Err(e) => assert!(matches!(e, ImageError::Corrupt { .. }), "{e}"),
         }
     }
