@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use image::ImageEncoder;
-use yolo_edge::agent::messages::{Detections, EventBody, FrameImage, ImageName, Info, MemoryScope, Status, Telemetry};
+use yolo_edge::agent::messages::{BatchChangeReason, Detections, EventBody, FrameImage, ImageName, Info, MemoryScope, Status, Telemetry};
 
 const T: Duration = Duration::from_secs(300);
 
@@ -1048,8 +1048,10 @@ fn shared_subscription_splits_600_pictures_over_three_agents() {
 }
 
 /// The memory watchdog on CPU: `[watchdog] memory_limit`, edited below what the agent holds,
-/// gives one `memory_high` (and telemetry and `/metrics` say so); raised again, one `memory_ok`;
-/// nothing more while each limit stays, though the watchdog reads every 0.2 s.
+/// gives one `memory_high` (and telemetry says so) and halves the batch at each reading down to 1
+/// (`batch_change`, reason `memory_high`), losing no picture; raised again, one `memory_ok`, and
+/// the batch probes back up to its startup size after the quiet period. No second event of
+/// either kind while each limit stays, though the watchdog reads every 0.2 s.
 #[test]
 fn memory_watchdog_follows_a_limit_edited_in_the_config() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1057,6 +1059,8 @@ fn memory_watchdog_follows_a_limit_edited_in_the_config() {
     let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
     let mut conf = AgentConf::new(tmp.path(), broker.port);
     conf.telemetry_s = 0.5;
+    conf.batch = 8;
+    conf.quiet_s = 1.0;
     let watchdog = |limit: &str| format!("[watchdog]\ninterval_s = 0.2\nmemory_high = 0.9\nmemory_ok = 0.8\nmemory_limit = \"{limit}\"\n");
     conf.extra = watchdog("64GiB");
     let cfg = tmp.path().join("agent.toml");
@@ -1065,6 +1069,15 @@ fn memory_watchdog_follows_a_limit_edited_in_the_config() {
     wait_until(T, "info", || !col.on("/info").is_empty());
     std::thread::sleep(Duration::from_secs(1));
     assert!(col.events("memory_high").is_empty() && col.events("memory_ok").is_empty());
+    let changes = || -> Vec<(u64, u64, BatchChangeReason)> {
+        col.events("batch_change")
+            .into_iter()
+            .map(|e| match e {
+                EventBody::BatchChange { from, to, reason, .. } => (from as u64, to as u64, reason),
+                _ => unreachable!(),
+            })
+            .collect()
+    };
 
     // a loaded agent holds far more than 16 MiB
     conf.extra = watchdog("16MiB");
@@ -1076,10 +1089,20 @@ fn memory_watchdog_follows_a_limit_edited_in_the_config() {
         (MemoryScope::Process, 16 << 20, "config:watchdog.memory_limit", 0.9)
     );
     assert!(high.used > high.limit && high.share > 1.0, "{high:?}");
+    let down = BatchChangeReason::MemoryHigh;
+    wait_until(T, "the batch halved down to 1", || changes().len() >= 3);
+    assert_eq!(changes(), [(8, 4, down), (4, 2, down), (2, 1, down)]);
     let tel = |high: bool| col.on("/telemetry").iter().rev().take(1).any(|m| m.parse::<Telemetry>().device_memory.high == high);
     wait_until(T, "telemetry with memory high", || tel(true));
+    // pictures keep flowing, one at a time
+    let names = drop_images(&conf.input, 0, 20, &small_jpeg("horses.jpg", 96));
+    wait_until(T, "20 detections", || col.detections().len() >= 20);
+    let dets: Vec<Detections> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names);
+    assert!(dets.iter().all(|d| d.batch_size == 1), "{:?}", dets.iter().map(|d| d.batch_size).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!((col.events("memory_high").len(), col.events("memory_ok").len()), (1, 0));
+    assert_eq!(changes().len(), 3, "no probe while memory is high: {:?}", changes());
 
     conf.extra = watchdog("64GiB");
     conf.write(&cfg);
@@ -1088,6 +1111,9 @@ fn memory_watchdog_follows_a_limit_edited_in_the_config() {
     assert_eq!((ok.scope, ok.limit, ok.threshold), (MemoryScope::Process, 64 << 30, 0.8));
     assert!(ok.share < 0.8 && ok.used > 16 << 20, "{ok:?}");
     wait_until(T, "telemetry with memory ok", || tel(false));
+    let up = BatchChangeReason::Probe;
+    wait_until(T, "the batch back at 8", || changes().len() >= 6);
+    assert_eq!(changes()[3..], [(1, 2, up), (2, 4, up), (4, 8, up)]);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!((col.events("memory_high").len(), col.events("memory_ok").len()), (1, 1));
     agent.signal(libc::SIGTERM);

@@ -70,11 +70,18 @@ struct RawWatchdog {
     /// Watch this process's memory against this cap instead of the device against its limit.
     #[serde(default)]
     memory_limit: Option<ByteSize>,
+    /// While memory is high, halve the batch at every reading (down to 1).
+    #[serde(default = "d_true")]
+    lower_batch: bool,
 }
 impl Default for RawWatchdog {
     fn default() -> Self {
-        Self { interval_s: d_watch_interval(), memory_high: d_watch_high(), memory_ok: d_watch_ok(), memory_limit: None }
+        Self { interval_s: d_watch_interval(), memory_high: d_watch_high(), memory_ok: d_watch_ok(), memory_limit: None, lower_batch: true }
     }
+}
+
+fn d_true() -> bool {
+    true
 }
 
 #[derive(Debug, Deserialize)]
@@ -520,6 +527,8 @@ pub struct WatchdogConfig {
     pub ok: f64,
     /// A cap on this process's memory; None: the device against its own limit.
     pub memory_limit: Option<u64>,
+    /// While memory is high, the inference thread halves its batch at every reading (to 1).
+    pub lower_batch: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -856,6 +865,7 @@ impl Config {
             high: w.memory_high.0,
             ok: w.memory_ok.0,
             memory_limit: w.memory_limit.map(|b| b.0),
+            lower_batch: w.lower_batch,
         };
 
         Ok(Config {
@@ -1102,13 +1112,21 @@ path = "/in"
     #[test]
     fn watchdog_defaults_validation_and_live_edits() {
         let c = Config::parse(MIN, Path::new("/etc/a.toml")).unwrap();
-        assert_eq!(c.watchdog, WatchdogConfig { interval: Duration::from_secs(2), high: 0.9, ok: 0.8, memory_limit: None });
+        assert_eq!(
+            c.watchdog,
+            WatchdogConfig { interval: Duration::from_secs(2), high: 0.9, ok: 0.8, memory_limit: None, lower_batch: true }
+        );
         let w = Config::parse(
-            &format!("{MIN}\n[watchdog]\ninterval_s = 0.5\nmemory_high = 0.7\nmemory_ok = 0.6\nmemory_limit = \"1.5GiB\"\n"),
+            &format!(
+                "{MIN}\n[watchdog]\ninterval_s = 0.5\nmemory_high = 0.7\nmemory_ok = 0.6\nmemory_limit = \"1.5GiB\"\nlower_batch = false\n"
+            ),
             Path::new("/etc/a.toml"),
         )
         .unwrap();
-        assert_eq!(w.watchdog, WatchdogConfig { interval: Duration::from_millis(500), high: 0.7, ok: 0.6, memory_limit: Some(3 << 29) });
+        assert_eq!(
+            w.watchdog,
+            WatchdogConfig { interval: Duration::from_millis(500), high: 0.7, ok: 0.6, memory_limit: Some(3 << 29), lower_batch: false }
+        );
         // applied live: no restart
         assert!(c.restart_required(&w).is_empty());
         let e = err(&format!("{MIN}\n[watchdog]\nmemory_high = 0.8\nmemory_ok = 0.8\n"));

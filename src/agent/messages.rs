@@ -843,6 +843,9 @@ pub enum BatchChangeReason {
     Oom,
     /// Up one step (doubling, capped at the startup batch) after `oom.quiet_period_s` without one.
     Probe,
+    /// Down (halving), once per memory watchdog reading while it holds memory high
+    /// (`watchdog.lower_batch`).
+    MemoryHigh,
 }
 
 /// The pipeline stage where a picture failed.

@@ -191,6 +191,7 @@ impl Pipeline {
             current: startup_batch,
             last_change: Instant::now(),
             last_oom: None,
+            last_pressure: None,
             last_work: Instant::now(),
             released: false,
             frames_done: 0,
@@ -290,6 +291,8 @@ struct Worker {
     current: usize,
     last_change: Instant,
     last_oom: Option<Instant>,
+    /// When the last step down for high memory was taken.
+    last_pressure: Option<Instant>,
     /// When the last batch ran, and whether the pool was given back since.
     last_work: Instant,
     released: bool,
@@ -307,6 +310,7 @@ impl Worker {
             while let Ok(Control::SwapModel(d)) = control.try_recv() {
                 self.swap(*d);
             }
+            self.maybe_lower_for_memory();
             self.maybe_probe_up();
             let items = match batches.recv_timeout(Duration::from_millis(100)) {
                 Ok(i) => i,
@@ -425,7 +429,7 @@ impl Worker {
                 let old = self.current;
                 // the larger half (ceil), so that doubling back up reaches an odd startup batch
                 // (75 -> 38 -> 76, capped at 75) instead of stopping one short (75 -> 37 -> 74)
-                self.set_batch(self.current.min(n - half).max(1));
+                self.set_batch(self.current.min(n - half).max(1), BatchChangeReason::Oom);
                 self.events.emit(EventBody::OomFallback {
                     batch: n,
                     action: None,
@@ -445,9 +449,8 @@ impl Worker {
         }
     }
 
-    fn set_batch(&mut self, b: usize) {
+    fn set_batch(&mut self, b: usize, reason: BatchChangeReason) {
         if b != self.current {
-            let reason = if b < self.current { BatchChangeReason::Oom } else { BatchChangeReason::Probe };
             self.events.emit(EventBody::BatchChange { from: self.current, to: b, startup: self.startup, reason });
             self.current = b;
             self.last_change = Instant::now();
@@ -476,13 +479,37 @@ impl Worker {
     }
 
     fn maybe_probe_up(&mut self) {
-        if self.current >= self.startup {
+        if self.current >= self.startup || self.stats.memory_high.load(Relaxed) {
             return;
         }
         let quiet = self.cfg.borrow().oom_quiet_period;
-        let calm = self.last_oom.is_none_or(|t| t.elapsed() >= quiet) && self.last_change.elapsed() >= quiet;
+        let calm = self.last_oom.is_none_or(|t| t.elapsed() >= quiet)
+            && self.last_pressure.is_none_or(|t| t.elapsed() >= quiet)
+            && self.last_change.elapsed() >= quiet;
         if calm {
-            self.set_batch((self.current * 2).min(self.startup));
+            self.set_batch((self.current * 2).min(self.startup), BatchChangeReason::Probe);
+        }
+    }
+
+    /// While the memory watchdog holds memory high (`agent::watchdog`) and `watchdog.lower_batch`
+    /// is on: one step down (halving, to 1) per watchdog reading, the allocator's free memory
+    /// handed back at each, so that the agent gives memory back before a CUDA error or the
+    /// kernel's OOM killer would take it. Probing back up waits for `memory_ok` and the quiet
+    /// period.
+    fn maybe_lower_for_memory(&mut self) {
+        if !self.stats.memory_high.load(Relaxed) {
+            return;
+        }
+        let w = self.cfg.borrow().watchdog;
+        if !w.lower_batch || self.last_pressure.is_some_and(|t| t.elapsed() < w.interval) {
+            return;
+        }
+        self.last_pressure = Some(Instant::now());
+        if self.current > 1 {
+            self.set_batch((self.current / 2).max(1), BatchChangeReason::MemoryHigh);
+        }
+        if let Err(e) = crate::backend::devmem::PeakMeter::new(self.detector.device()).trim() {
+            tracing::warn!(error = %e, "could not give free memory back under memory pressure");
         }
     }
 

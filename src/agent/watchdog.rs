@@ -12,6 +12,10 @@
 //! - with `memory_limit`, this process against that cap: the CUDA pool's reservation, or the
 //!   resident set on the CPU.
 //!
+//! While memory is high the inference thread also halves its batch at every reading, down to 1
+//! (`watchdog.lower_batch`, on by default; `agent::pipeline`), and probes back up only after
+//! `memory_ok` and the OOM quiet period.
+//!
 //! It works on [`DeviceMemory`] readings (the publisher queries them) and does no I/O itself.
 
 use crate::agent::config::WatchdogConfig;
@@ -100,7 +104,7 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn cfg(memory_limit: Option<u64>) -> WatchdogConfig {
-        WatchdogConfig { interval: Duration::from_secs(2), high: 0.9, ok: 0.8, memory_limit }
+        WatchdogConfig { interval: Duration::from_secs(2), high: 0.9, ok: 0.8, memory_limit, lower_batch: true }
     }
 
     fn mem(total: u64, free: u64, reserved: u64) -> DeviceMemory {
