@@ -224,7 +224,9 @@ pub(super) async fn watch_config(
         let restart = old.restart_required(&new);
         let mut applied = new.clone();
         applied.device = old.device.clone();
-        applied.sources = old.sources.clone();
+        // folder and MQTT sources need a restart; streams follow the edit (the stream manager
+        // starts, stops and restarts the ones that changed)
+        applied.sources = old.fixed_sources().cloned().chain(new.streams().cloned().map(config::SourceConfig::Stream)).collect();
         applied.spool = old.spool.clone();
         applied.input = old.input;
         applied.inject_oom = old.inject_oom;
@@ -295,6 +297,9 @@ fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
     }
     if a.shutdown_grace != b.shutdown_grace {
         v.push("shutdown");
+    }
+    if !a.streams().eq(b.streams()) {
+        v.push("sources.streams");
     }
     v
 }
