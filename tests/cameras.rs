@@ -448,3 +448,64 @@ fn config_edit_adds_and_removes_streams_without_touching_the_others() {
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
+
+/// Four live streams at 25 fps against a deliberately slow model (`[debug] infer_delay_ms`,
+/// batch 4): the agent keeps only fresh frames, drops what it cannot keep up with (counted per
+/// stream), gives every stream its turn, and the capture-to-publish p99 stays within about one
+/// batch time plus `max_wait_ms` (docs/cameras.md).
+#[test]
+fn four_streams_at_25_fps_on_a_slow_model_keep_fresh_frames() {
+    if gstreamer().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let clip = pattern_clip(tmp.path(), "cam", "h264", 120, 25, 320, 240);
+    let names = ["c1", "c2", "c3", "c4"];
+    let mounts: Vec<(&str, &str, &Path)> = names.iter().map(|n| (*n, "h264", clip.as_path())).collect();
+    let server = RtspServer::start(&mounts);
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let streams: String = names.iter().map(|n| rtsp_source(n, &server.url(n), "tcp", "")).collect();
+    let mut c = conf(tmp.path(), broker.port, 160, 4, &streams);
+    c.extra = format!("{streams}\n[debug]\ninfer_delay_ms = 200\n");
+    let cfg = tmp.path().join("agent.toml");
+    c.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "frames of all four streams", || names.iter().all(|s| count(&col, s) >= 3));
+    let start = Instant::now();
+    let rss = |agent: &Agent| vm_rss_kb(agent.child.id());
+    let rss_start = rss(&agent);
+    std::thread::sleep(Duration::from_secs(30));
+    let rss_end = rss(&agent);
+    let wall = start.elapsed().as_secs_f64();
+    let t: Telemetry = col.on("/telemetry").last().unwrap().parse();
+    let infer_p99 = t.latency_ms.infer.p99 as f64;
+    let max_wait = 20.0;
+    for s in &t.streams {
+        eprintln!(
+            "{}: in {} dropped {} published {} capture-to-publish p50 {:.0} ms p99 {:.0} ms (batch p99 {:.0} ms)",
+            s.id, s.frames_in, s.dropped, s.published, s.capture_to_publish_ms.p50, s.capture_to_publish_ms.p99, infer_p99
+        );
+        assert!(s.dropped > 0 && s.published > 0, "{s:?}");
+        assert!(s.frames_in >= s.dropped + s.published, "{s:?}");
+        // one batch time + max_wait + a frame interval (40 ms), with room for a loaded 2-core box
+        let bound = infer_p99 + max_wait + 40.0 + 0.5 * infer_p99;
+        assert!((s.capture_to_publish_ms.p99 as f64) <= bound, "{}: p99 {} ms above {bound:.0} ms", s.id, s.capture_to_publish_ms.p99);
+    }
+    // round-robin: every stream got about the same share of the batches
+    let published: Vec<u64> = t.streams.iter().map(|s| s.published).collect();
+    let (lo, hi) = (*published.iter().min().unwrap(), *published.iter().max().unwrap());
+    assert!(hi <= lo + lo / 4 + 4, "unfair shares: {published:?}");
+    eprintln!("RSS {} -> {} KiB over {wall:.0} s", rss_start, rss_end);
+    assert!(rss_end <= rss_start + 64 * 1024, "RSS grew from {rss_start} to {rss_end} KiB");
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
+fn vm_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}

@@ -398,6 +398,10 @@ struct RawDebug {
     /// Milliseconds of sleep before each model load (tests watch `/readyz` during a load).
     #[serde(default)]
     model_load_delay_ms: Option<Ranged<0, 600_000>>,
+    /// Milliseconds of sleep before each batch's forward pass: a deliberately slow model (tests
+    /// of the live frame policy).
+    #[serde(default)]
+    infer_delay_ms: Option<Ranged<0, 60_000>>,
 }
 
 fn d_auto() -> String {
@@ -626,6 +630,8 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     /// `[debug] model_load_delay_ms`: a sleep before each model load (None: none).
     pub model_load_delay: Option<Duration>,
+    /// `[debug] infer_delay_ms`: a sleep before each batch's forward pass (None: none).
+    pub infer_delay: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1090,6 +1096,7 @@ impl Config {
             inject_oom,
             metrics,
             model_load_delay: raw.debug.model_load_delay_ms.filter(|d| d.0 > 0).map(|d| Duration::from_millis(d.0)),
+            infer_delay: raw.debug.infer_delay_ms.filter(|d| d.0 > 0).map(|d| Duration::from_millis(d.0)),
         })
     }
 
@@ -1130,7 +1137,7 @@ impl Config {
         if self.metrics != new.metrics {
             v.push("metrics");
         }
-        if self.inject_oom != new.inject_oom || self.model_load_delay != new.model_load_delay {
+        if self.inject_oom != new.inject_oom || self.model_load_delay != new.model_load_delay || self.infer_delay != new.infer_delay {
             v.push("debug");
         }
         v

@@ -209,6 +209,12 @@ impl StreamTx {
         Pushed::Queued
     }
 
+    /// Removes this stream's queue (a video that ended): the batcher stops counting it.
+    pub fn close(&self) {
+        self.hub.lock().slots.retain(|s| s.generation != self.generation);
+        self.hub.room.notify_all();
+    }
+
     /// The stream's id.
     pub fn id(&self) -> &Arc<str> {
         &self.id

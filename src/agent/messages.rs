@@ -1083,7 +1083,7 @@ pub(crate) mod examples {
             image: FrameImage::Path { path: format!("/data/in/{name}"), w: 640, h: 480 },
             model: "yolov9t:182a7e7c1428".into(),
             batch_size: 4,
-            latency_ms: FrameLatency { decode: 3.2, infer: 80.0, post: 0.05 },
+            latency_ms: FrameLatency { decode: 3.2, infer: 80.0, post: 0.05, capture_to_publish: None },
             detections,
         }
     }
@@ -1136,6 +1136,7 @@ pub(crate) mod examples {
                 events_dropped: 0,
             },
             config: ConfigCounters { applied: 0, rejected: 0, model_reloads: 0 },
+            streams: Vec::new(),
         }
     }
 
@@ -1171,6 +1172,7 @@ pub(crate) mod examples {
             config_sha256: "5f1d0c0e8e1b2a3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4".into(),
             sources: vec!["cam".into()],
             protocol: MqttProtocol::V311,
+            streams: Vec::new(),
         }
     }
 

@@ -218,6 +218,7 @@ impl Pipeline {
             last_work: Instant::now(),
             released: false,
             frames_done: 0,
+            infer_delay: c.infer_delay,
             ready: ready_tx,
             asked: false,
             injector: c.inject_oom,
@@ -249,7 +250,7 @@ fn decode(job: &mut Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<
         }
         JobData::Bytes(b) => preprocess::decode_image(b, limits).map_err(|e| e.to_string()),
         JobData::File(p) => {
-            let len = std::fs::metadata(p).map_err(|e| format!("cannot read: {e}"))?.len();
+            let len = std::fs::metadata(&*p).map_err(|e| format!("cannot read: {e}"))?.len();
             if len > limits.max_bytes {
                 return Err(preprocess::ImageError::TooLarge { size: len, limit: limits.max_bytes }.to_string());
             }
@@ -391,6 +392,8 @@ struct Worker {
     last_work: Instant,
     released: bool,
     frames_done: u64,
+    /// `[debug] infer_delay_ms`: a deliberately slow model.
+    infer_delay: Option<Duration>,
     /// Asks the batcher for the next batch; `asked`: a request is outstanding.
     ready: SyncSender<()>,
     asked: bool,
@@ -493,6 +496,9 @@ impl Worker {
         let n = frames.len();
         let th = self.cfg.borrow().model.thresholds;
         let t = Instant::now();
+        if let Some(d) = self.infer_delay {
+            std::thread::sleep(d);
+        }
         let r = match self.injector.and_then(|i| i.check(n, self.frames_done)) {
             Some(e) => Err(e),
             None => self.detector.detect(frames, &th),

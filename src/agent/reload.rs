@@ -233,6 +233,7 @@ pub(super) async fn watch_config(
         applied.mqtt.device_id = old.mqtt.device_id.clone();
         applied.mqtt.prefix = old.mqtt.prefix.clone();
         applied.model_load_delay = old.model_load_delay;
+        applied.infer_delay = old.infer_delay;
         applied.metrics = old.metrics.clone();
         if applied.model.path != old.model.path || applied.model.sha256 != old.model.sha256 {
             // not ready until the inference thread runs the new model (it sets this back)

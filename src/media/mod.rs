@@ -27,6 +27,7 @@ use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
 
 use gst::prelude::*;
+use gst_video::prelude::*;
 
 /// Why a video could not be opened or read.
 #[derive(Debug, thiserror::Error)]
@@ -192,6 +193,9 @@ pub struct Callbacks {
 pub struct SinkMode {
     /// Render at the stream's clock (a file played like a camera) or as fast as it decodes.
     pub sync: bool,
+    /// The frame callback may wait (a reader that must see every frame); otherwise the appsink
+    /// drops what its callback has not taken (`max-buffers` 1, `drop`).
+    pub lossless: bool,
 }
 
 fn make(name: &str) -> Result<gst::Element, MediaError> {
@@ -222,7 +226,7 @@ pub fn build(input: &Input, pref: DecoderPref, mode: SinkMode, cb: Callbacks) ->
     let sink = gst_app::AppSink::builder()
         .caps(&caps)
         .max_buffers(1)
-        .drop(false)
+        .drop(!mode.lossless)
         .sync(mode.sync)
         .callbacks(
             gst_app::AppSinkCallbacks::builder()
@@ -480,7 +484,7 @@ impl VideoReader {
                 }
             }),
         };
-        let pipeline = build(&Input::File { path: path.to_path_buf() }, pref, SinkMode { sync: false }, cb)?;
+        let pipeline = build(&Input::File { path: path.to_path_buf() }, pref, SinkMode { sync: false, lossless: true }, cb)?;
         pipeline.set_state(gst::State::Playing).map_err(|e| MediaError::Stream(format!("cannot play {}: {e}", path.display())))?;
         Ok(Self { pipeline, frames: Some(rx), decoder, eos: false, done: false })
     }

@@ -140,6 +140,7 @@ impl Stream {
                 Ended::Stopped => break,
                 Ended::Finished => {
                     self.st.set_state(StreamState::Ended);
+                    self.tx.close();
                     self.events.emit(EventBody::SourceEnded {
                         source: self.cfg.id.clone(),
                         path: self.location(),
@@ -266,7 +267,8 @@ impl Stream {
             }
         };
         let cb = media::Callbacks { on_frame: Box::new(on_frame), on_decoder: Box::new(on_decoder) };
-        media::build(&input_of(&self.cfg.kind), pref_of(self.cfg.decoder), media::SinkMode { sync: realtime }, cb)
+        let lossless = matches!(self.cfg.kind, StreamKind::Video { pacing: Pacing::Fast, .. });
+        media::build(&input_of(&self.cfg.kind), pref_of(self.cfg.decoder), media::SinkMode { sync: realtime, lossless }, cb)
     }
 
     fn watch(&self, pipeline: &gst::Pipeline, session: &Session, lost: &mut Option<String>) -> Ended {
