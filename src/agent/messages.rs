@@ -915,7 +915,7 @@ impl EventBody {
 
     /// Whether `info` changes with this event (and is published again after it).
     pub fn changes_info(&self) -> bool {
-        matches!(self, Self::ModelReloaded { .. } | Self::ConfigApplied { .. } | Self::BatchChange { .. })
+        matches!(self, Self::ModelReloaded { .. } | Self::ConfigApplied { .. } | Self::BatchChange { .. } | Self::DecoderFallback { .. })
     }
 }
 

@@ -290,7 +290,15 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
                 config_sha256: c.sha256.clone(),
                 sources: c.sources.iter().map(|s| s.id().to_string()).collect(),
                 protocol: c.mqtt.protocol.into(),
-                streams: stats.stream_info(),
+                streams: c
+                    .streams()
+                    .map(|s| messages::StreamInfo {
+                        id: s.id.clone(),
+                        kind: s.kind.name().to_string(),
+                        decoder_requested: s.decoder.name().to_string(),
+                        decoder: stats.stream(&s.id).and_then(|x| x.decoder()),
+                    })
+                    .collect(),
             }
         })
     };

@@ -330,14 +330,19 @@ impl Batcher {
                 }
                 token = true;
             }
-            let Ok(first) = self.ordered.recv() else { return };
-            let mut items: Vec<Decoded> = Vec::new();
-            let mut frames: Vec<Job> = Vec::new();
-            let mut in_batch: Vec<Arc<str>> = Vec::new();
-            if let Pending::Picture(rx) = first {
-                items.extend(take(rx));
-            }
             let target = self.stats.batch_current.load(Relaxed).max(1) as usize;
+            let mut items: Vec<Decoded> = Vec::new();
+            // frames already waiting start the batch (a slot that stays full sends no wake);
+            // otherwise the first picture or wake does
+            let mut frames: Vec<Job> = self.hub.take(target, &[]);
+            let mut in_batch: Vec<Arc<str>> = frames.iter().map(|j| j.source.clone()).collect();
+            if frames.is_empty() {
+                match self.ordered.recv() {
+                    Ok(Pending::Picture(rx)) => items.extend(take(rx)),
+                    Ok(Pending::Wake) => {}
+                    Err(_) => return,
+                }
+            }
             let deadline = Instant::now() + self.max_wait;
             loop {
                 let have = items.iter().filter(|d| d.result.is_ok()).count() + frames.len();

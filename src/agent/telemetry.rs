@@ -443,14 +443,6 @@ impl Stats {
             })
             .collect()
     }
-
-    /// The streams as `info` names them.
-    pub fn stream_info(&self) -> Vec<messages::StreamInfo> {
-        self.streams()
-            .into_iter()
-            .map(|(id, s)| messages::StreamInfo { id, kind: s.kind.clone(), decoder_requested: s.decoder_requested.clone(), decoder: s.decoder() })
-            .collect()
-    }
 }
 
 /// Distinct `source` labels in the frame counters, `other` not counted.
