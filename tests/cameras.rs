@@ -378,23 +378,26 @@ fn camera_killed_restarted_and_frozen_reconnects_while_others_go_on() {
     let errors = |s: &str| stream_events(&col, "source_error", s);
     let recovered = |s: &str| stream_events(&col, "source_recovered", s);
     for round in 1..=2 {
+        let (e_tcp, e_udp, r_tcp, r_udp) = (errors("tcp"), errors("udp"), recovered("tcp"), recovered("udp"));
+        eprintln!("round {round}: source_error tcp {e_tcp} udp {e_udp}, source_recovered tcp {r_tcp} udp {r_udp}");
         server.kill();
         let killed = Instant::now();
-        wait_until(Duration::from_secs(30), "source_error of both streams", || errors("tcp") == round && errors("udp") == round);
+        wait_until(Duration::from_secs(30), "source_error of both streams", || errors("tcp") > e_tcp && errors("udp") > e_udp);
         eprintln!("round {round}: both losses reported {:.2} s after the kill", killed.elapsed().as_secs_f64());
         let other_before = count(&col, "other");
         std::thread::sleep(Duration::from_secs(2));
         server.restart();
         let (tcp_n, udp_n) = (count(&col, "tcp"), count(&col, "udp"));
         wait_until(Duration::from_secs(60), "both streams recovered with new frames", || {
-            recovered("tcp") == round && recovered("udp") == round && count(&col, "tcp") > tcp_n && count(&col, "udp") > udp_n
+            recovered("tcp") > r_tcp && recovered("udp") > r_udp && count(&col, "tcp") > tcp_n && count(&col, "udp") > udp_n
         });
         assert!(count(&col, "other") > other_before, "the other stream stalled while the camera was away");
     }
     // frozen: no frame arrives, the connection stays open
+    let (e_tcp, e_udp, r_tcp, r_udp) = (errors("tcp"), errors("udp"), recovered("tcp"), recovered("udp"));
     server.signal(libc::SIGSTOP);
     let frozen = Instant::now();
-    wait_until(Duration::from_secs(30), "stall detected on both streams", || errors("tcp") == 3 && errors("udp") == 3);
+    wait_until(Duration::from_secs(30), "stall detected on both streams", || errors("tcp") > e_tcp && errors("udp") > e_udp);
     let took = frozen.elapsed();
     eprintln!("freeze detected after {:.2} s (stall_timeout_ms = 1500)", took.as_secs_f64());
     assert!(took <= Duration::from_millis(1500 + 1500), "the stall took {took:?} to notice");
@@ -408,7 +411,8 @@ fn camera_killed_restarted_and_frozen_reconnects_while_others_go_on() {
         .collect();
     assert!(stalled.len() >= 2, "{stalled:?}");
     server.signal(libc::SIGCONT);
-    wait_until(Duration::from_secs(60), "recovered after the freeze", || recovered("tcp") == 3 && recovered("udp") == 3);
+    wait_until(Duration::from_secs(60), "recovered after the freeze", || recovered("tcp") > r_tcp && recovered("udp") > r_udp);
+    eprintln!("source_error tcp {} udp {}, source_recovered tcp {} udp {}", errors("tcp"), errors("udp"), recovered("tcp"), recovered("udp"));
     assert_eq!((errors("other"), recovered("other")), (0, 0), "the other stream was never lost");
     assert!(agent.alive());
     let t: Telemetry = col.on("/telemetry").last().unwrap().parse();

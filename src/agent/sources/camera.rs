@@ -137,7 +137,10 @@ impl Stream {
             let ended = self.connect(&session, &mut lost);
             let had_frames = session.frames.load(Relaxed) > 0;
             match ended {
-                Ended::Stopped => break,
+                Ended::Stopped => {
+                    tracing::info!(source = %self.cfg.id, stop = self.stop.load(Relaxed), slot_gone = session.gone.load(Relaxed), "stream stopped");
+                    break;
+                }
                 Ended::Finished => {
                     self.st.set_state(StreamState::Ended);
                     self.tx.close();
@@ -178,7 +181,7 @@ impl Stream {
         let ended = self.watch(&pipeline, session, lost);
         // a source waiting for room sees the stop and lets the streaming thread go
         session.gone.store(true, Relaxed);
-        let _ = pipeline.set_state(gst::State::Null);
+        teardown(pipeline, &self.cfg.id);
         ended
     }
 
@@ -285,7 +288,12 @@ impl Stream {
             if self.stop.load(Relaxed) || session.gone.load(Relaxed) {
                 return Ended::Stopped;
             }
-            if let Some(msg) = bus.timed_pop_filtered(gst::ClockTime::from_mseconds(POLL.as_millis() as u64), &[gst::MessageType::Error, gst::MessageType::Eos]) {
+            // every message of this poll interval is looked at (a source posting many other
+            // messages must not keep the stall check from running)
+            let until = Instant::now() + POLL;
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                let Some(msg) = bus.timed_pop(gst::ClockTime::from_nseconds(left.as_nanos() as u64)) else { break };
                 match msg.view() {
                     gst::MessageView::Error(e) => {
                         if self.stop.load(Relaxed) || session.gone.load(Relaxed) {
@@ -293,8 +301,12 @@ impl Stream {
                         }
                         return Ended::Lost(media::error_text(e));
                     }
-                    _ if self.cfg.kind.is_live() => return Ended::Lost("end of stream".into()),
-                    _ => return Ended::Finished,
+                    gst::MessageView::Eos(_) if self.cfg.kind.is_live() => return Ended::Lost("end of stream".into()),
+                    gst::MessageView::Eos(_) => return Ended::Finished,
+                    _ => {}
+                }
+                if left.is_zero() {
+                    break;
                 }
             }
             if session.frames.load(Relaxed) > 0 {
@@ -310,6 +322,29 @@ impl Stream {
                 return Ended::Lost(format!("no frame for {} ms (stall_timeout_ms)", self.cfg.stall_timeout.as_millis()));
             }
         }
+    }
+}
+
+/// How long a stream waits for its old pipeline to stop before it goes on without it.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(3);
+
+/// Stops a pipeline on a thread of its own, waiting at most [`TEARDOWN_WAIT`]. `rtspsrc` can
+/// hang in its state change when the server vanishes while it tears its own session down; such
+/// a pipeline is left to its thread (its frames are refused: the session is marked gone) and the
+/// stream reconnects with a fresh one instead of hanging with it.
+fn teardown(pipeline: gst::Pipeline, id: &str) {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new().name(format!("teardown-{id}")).spawn(move || {
+        let _ = pipeline.set_state(gst::State::Null);
+        let _ = tx.send(());
+    });
+    match spawned {
+        Ok(_) => {
+            if rx.recv_timeout(TEARDOWN_WAIT).is_err() {
+                tracing::warn!(source = %id, "the old pipeline did not stop within {} s; reconnecting without it", TEARDOWN_WAIT.as_secs());
+            }
+        }
+        Err(e) => tracing::warn!(source = %id, "cannot start a teardown thread: {e}"),
     }
 }
 
