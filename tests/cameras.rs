@@ -126,8 +126,14 @@ impl RtspServer {
 
     fn spawn(&mut self) {
         let script = manifest().join("tests/rtsp_server.py");
-        let mut child =
-            Command::new(PYTHON).arg(script).arg(self.port.to_string()).args(&self.specs).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let mut child = Command::new(PYTHON)
+            .arg(script)
+            .arg(self.port.to_string())
+            .args(&self.specs)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "READY", "the RTSP server did not start");
@@ -412,7 +418,13 @@ fn camera_killed_restarted_and_frozen_reconnects_while_others_go_on() {
     assert!(stalled.len() >= 2, "{stalled:?}");
     server.signal(libc::SIGCONT);
     wait_until(Duration::from_secs(60), "recovered after the freeze", || recovered("tcp") > r_tcp && recovered("udp") > r_udp);
-    eprintln!("source_error tcp {} udp {}, source_recovered tcp {} udp {}", errors("tcp"), errors("udp"), recovered("tcp"), recovered("udp"));
+    eprintln!(
+        "source_error tcp {} udp {}, source_recovered tcp {} udp {}",
+        errors("tcp"),
+        errors("udp"),
+        recovered("tcp"),
+        recovered("udp")
+    );
     assert_eq!((errors("other"), recovered("other")), (0, 0), "the other stream was never lost");
     assert!(agent.alive());
     let t: Telemetry = col.on("/telemetry").last().unwrap().parse();

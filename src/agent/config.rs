@@ -714,8 +714,19 @@ pub struct TlsConfig {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceConfig {
-    Folder { id: String, path: PathBuf, done_dir: PathBuf, failed_dir: PathBuf, settle: Duration, scan_interval: Duration },
-    Mqtt { id: Option<String>, topic: String, id_from_topic_level: usize },
+    Folder {
+        id: String,
+        path: PathBuf,
+        done_dir: PathBuf,
+        failed_dir: PathBuf,
+        settle: Duration,
+        scan_interval: Duration,
+    },
+    Mqtt {
+        id: Option<String>,
+        topic: String,
+        id_from_topic_level: usize,
+    },
     /// A camera or video stream (feature `gstreamer`); added, removed and changed live.
     Stream(StreamConfig),
 }
@@ -996,9 +1007,24 @@ impl Config {
                     }
                     SourceConfig::Mqtt { id: id.map(|i| i.0), topic, id_from_topic_level: id_from_topic_level.0 as usize }
                 }
-                RawSource::Rtsp { id, url, protocol, latency_ms, username, password_file, decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms } => {
+                RawSource::Rtsp {
+                    id,
+                    url,
+                    protocol,
+                    latency_ms,
+                    username,
+                    password_file,
+                    decoder,
+                    max_fps,
+                    queue_depth,
+                    stall_timeout_ms,
+                    reconnect_min_ms,
+                    reconnect_max_ms,
+                } => {
                     let key = format!("sources[{i}].url");
-                    if !(url.starts_with("rtsp://") || url.starts_with("rtsps://")) || url.len() > 4096 || url.chars().any(char::is_whitespace)
+                    if !(url.starts_with("rtsp://") || url.starts_with("rtsps://"))
+                        || url.len() > 4096
+                        || url.chars().any(char::is_whitespace)
                     {
                         return Err(invalid(&key, format!("`{}` is not an rtsp:// or rtsps:// URL", strip_userinfo(&url))));
                     }
@@ -1013,7 +1039,9 @@ impl Config {
                                 .and_then(|b| {
                                     String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
                                 })
-                                .map_err(|e| invalid(&format!("sources[{i}].password_file"), format!("cannot read {}: {e}", f.display())))?;
+                                .map_err(|e| {
+                                    invalid(&format!("sources[{i}].password_file"), format!("cannot read {}: {e}", f.display()))
+                                })?;
                             Some(p.trim_end_matches(['\n', '\r']).to_string())
                         }
                     };
@@ -1021,12 +1049,44 @@ impl Config {
                         return Err(invalid(&format!("sources[{i}].username"), "a password needs a username".into()));
                     }
                     let kind = StreamKind::Rtsp { url, protocol, latency_ms: latency_ms.0 as u32, username, password };
-                    stream_source(i, id.0, kind, RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms }, &invalid)?
+                    stream_source(
+                        i,
+                        id.0,
+                        kind,
+                        RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms },
+                        &invalid,
+                    )?
                 }
-                RawSource::Video { id, path, pacing, decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms } => {
-                    stream_source(i, id.0, StreamKind::Video { path: resolve(&path), pacing }, RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms }, &invalid)?
-                }
-                RawSource::V4l2 { id, device, width, height, fps, decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms } => {
+                RawSource::Video {
+                    id,
+                    path,
+                    pacing,
+                    decoder,
+                    max_fps,
+                    queue_depth,
+                    stall_timeout_ms,
+                    reconnect_min_ms,
+                    reconnect_max_ms,
+                } => stream_source(
+                    i,
+                    id.0,
+                    StreamKind::Video { path: resolve(&path), pacing },
+                    RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms },
+                    &invalid,
+                )?,
+                RawSource::V4l2 {
+                    id,
+                    device,
+                    width,
+                    height,
+                    fps,
+                    decoder,
+                    max_fps,
+                    queue_depth,
+                    stall_timeout_ms,
+                    reconnect_min_ms,
+                    reconnect_max_ms,
+                } => {
                     if width.is_some() != height.is_some() {
                         return Err(invalid(&format!("sources[{i}].width"), "width and height go together".into()));
                     }
@@ -1036,13 +1096,25 @@ impl Config {
                         height: height.map(|v| v.0 as u32),
                         fps: fps.map(|v| v.0 as u32),
                     };
-                    stream_source(i, id.0, kind, RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms }, &invalid)?
+                    stream_source(
+                        i,
+                        id.0,
+                        kind,
+                        RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms },
+                        &invalid,
+                    )?
                 }
                 RawSource::Uri { id, uri, decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms } => {
                     if !uri.contains("://") || uri.len() > 4096 || uri.chars().any(char::is_whitespace) {
                         return Err(invalid(&format!("sources[{i}].uri"), format!("`{}` is not a URI", strip_userinfo(&uri))));
                     }
-                    stream_source(i, id.0, StreamKind::Uri { uri: resolve_uri(&uri, &base) }, RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms }, &invalid)?
+                    stream_source(
+                        i,
+                        id.0,
+                        StreamKind::Uri { uri: resolve_uri(&uri, &base) },
+                        RawStream { decoder, max_fps, queue_depth, stall_timeout_ms, reconnect_min_ms, reconnect_max_ms },
+                        &invalid,
+                    )?
                 }
             };
             if sources.iter().any(|o: &SourceConfig| o.id() == src.id()) {
@@ -1178,7 +1250,10 @@ fn stream_source(
         return Err(invalid(&format!("sources[{i}].reconnect_min_ms"), "is above reconnect_max_ms".into()));
     }
     if matches!(kind, StreamKind::V4l2 { .. }) && s.decoder != DecoderChoice::Auto {
-        return Err(invalid(&format!("sources[{i}].decoder"), "a V4L2 camera's raw or MJPEG frames take no decoder choice; leave it `auto`".into()));
+        return Err(invalid(
+            &format!("sources[{i}].decoder"),
+            "a V4L2 camera's raw or MJPEG frames take no decoder choice; leave it `auto`".into(),
+        ));
     }
     Ok(SourceConfig::Stream(StreamConfig {
         id,
@@ -1394,32 +1469,58 @@ path = "/in"
         assert_eq!(s.id, "door");
         assert_eq!((s.queue_depth, s.stall_timeout, s.decoder, s.max_fps), (1, Duration::from_secs(5), DecoderChoice::Auto, Some(5.0)));
         assert!(matches!(&s.kind, StreamKind::Rtsp { protocol: RtspProtocol::Udp, latency_ms: 200, password: None, .. }));
-        let v = Config::parse(&stream("type = \"video\"\nid = \"clip\"\npath = \"clip.mp4\"\npacing = \"fast\"\ndecoder = \"cpu\""), Path::new("/etc/y/a.toml")).unwrap();
-        assert!(matches!(&v.sources[0], SourceConfig::Stream(StreamConfig { kind: StreamKind::Video { path, pacing: Pacing::Fast }, decoder: DecoderChoice::Cpu, .. }) if path == Path::new("/etc/y/clip.mp4")));
+        let v = Config::parse(
+            &stream("type = \"video\"\nid = \"clip\"\npath = \"clip.mp4\"\npacing = \"fast\"\ndecoder = \"cpu\""),
+            Path::new("/etc/y/a.toml"),
+        )
+        .unwrap();
+        assert!(
+            matches!(&v.sources[0], SourceConfig::Stream(StreamConfig { kind: StreamKind::Video { path, pacing: Pacing::Fast }, decoder: DecoderChoice::Cpu, .. }) if path == Path::new("/etc/y/clip.mp4"))
+        );
         let u = Config::parse(&stream("type = \"uri\"\nid = \"u\"\nuri = \"file://c.mkv\""), Path::new("/etc/y/a.toml")).unwrap();
-        assert!(matches!(&u.sources[0], SourceConfig::Stream(StreamConfig { kind: StreamKind::Uri { uri }, .. }) if uri == "file:///etc/y/c.mkv"));
-        Config::parse(&stream("type = \"v4l2\"\nid = \"usb\"\ndevice = \"/dev/video0\"\nwidth = 640\nheight = 480\nfps = 30"), Path::new("/a.toml")).unwrap();
+        assert!(
+            matches!(&u.sources[0], SourceConfig::Stream(StreamConfig { kind: StreamKind::Uri { uri }, .. }) if uri == "file:///etc/y/c.mkv")
+        );
+        Config::parse(
+            &stream("type = \"v4l2\"\nid = \"usb\"\ndevice = \"/dev/video0\"\nwidth = 640\nheight = 480\nfps = 30"),
+            Path::new("/a.toml"),
+        )
+        .unwrap();
         for (body, key, why) in [
             ("type = \"rtsp\"\nid = \"d\"\nurl = \"http://x/y\"", "sources[0].url", "not an rtsp://"),
             ("type = \"rtsp\"\nid = \"d\"\nurl = \"rtsp://u:pw@x/y\"", "sources[0].url", "credentials"),
             ("type = \"rtsp\"\nid = \"d\"\nurl = \"rtsp://x/y\"\ndecoder = \"gpu\"", "sources[0]", "gpu"),
             ("type = \"rtsp\"\nid = \"d\"\nurl = \"rtsp://x/y\"\nmax_fps = 0.0", "sources[0].max_fps", "within"),
             ("type = \"rtsp\"\nid = \"d\"\nurl = \"rtsp://x/y\"\nqueue_depth = 0", "sources[0]", "out of range"),
-            ("type = \"rtsp\"\nid = \"d\"\nurl = \"rtsp://x/y\"\npassword_file = \"/dev/zero\"", "sources[0].password_file", "not a regular file"),
+            (
+                "type = \"rtsp\"\nid = \"d\"\nurl = \"rtsp://x/y\"\npassword_file = \"/dev/zero\"",
+                "sources[0].password_file",
+                "not a regular file",
+            ),
             ("type = \"rtsp\"\nid = \"d\"\nurl = \"rtsp://x/y\"\nlatncy_ms = 5", "sources[0]", "latncy_ms"),
             ("type = \"v4l2\"\nid = \"d\"\ndevice = \"/dev/video0\"\nwidth = 640", "sources[0].width", "together"),
             ("type = \"v4l2\"\nid = \"d\"\ndevice = \"/dev/video0\"\ndecoder = \"nvdec\"", "sources[0].decoder", "no decoder choice"),
-            ("type = \"video\"\nid = \"d\"\npath = \"c.mp4\"\nreconnect_min_ms = 9000\nreconnect_max_ms = 1000", "sources[0].reconnect_min_ms", "above"),
+            (
+                "type = \"video\"\nid = \"d\"\npath = \"c.mp4\"\nreconnect_min_ms = 9000\nreconnect_max_ms = 1000",
+                "sources[0].reconnect_min_ms",
+                "above",
+            ),
         ] {
             let e = err(&stream(body));
             assert!(e.contains(&format!("`{key}")) && e.contains(why), "{body}: {e}");
         }
         // streams change live; folders and MQTT sources need a restart
-        let two = Config::parse(&format!("{MIN}[[sources]]\ntype = \"rtsp\"\nid = \"door\"\nurl = \"rtsp://x/y\"\n"), Path::new("/a.toml")).unwrap();
+        let two = Config::parse(&format!("{MIN}[[sources]]\ntype = \"rtsp\"\nid = \"door\"\nurl = \"rtsp://x/y\"\n"), Path::new("/a.toml"))
+            .unwrap();
         let three =
-            Config::parse(&format!("{MIN}[[sources]]\ntype = \"rtsp\"\nid = \"gate\"\nurl = \"rtsp://x/z\"\n"), Path::new("/a.toml")).unwrap();
+            Config::parse(&format!("{MIN}[[sources]]\ntype = \"rtsp\"\nid = \"gate\"\nurl = \"rtsp://x/z\"\n"), Path::new("/a.toml"))
+                .unwrap();
         assert!(two.restart_required(&three).is_empty());
-        let moved = Config::parse(&format!("{}[[sources]]\ntype = \"rtsp\"\nid = \"door\"\nurl = \"rtsp://x/y\"\n", MIN.replace("/in", "/in2")), Path::new("/a.toml")).unwrap();
+        let moved = Config::parse(
+            &format!("{}[[sources]]\ntype = \"rtsp\"\nid = \"door\"\nurl = \"rtsp://x/y\"\n", MIN.replace("/in", "/in2")),
+            Path::new("/a.toml"),
+        )
+        .unwrap();
         assert_eq!(two.restart_required(&moved), vec!["sources"]);
         assert_eq!(strip_userinfo("rtsp://admin:secret@cam.local:554/s?a=b@c"), "rtsp://cam.local:554/s?a=b@c");
     }

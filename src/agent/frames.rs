@@ -135,7 +135,7 @@ impl FrameHub {
         for k in 0..n {
             let i = (start + k) % n;
             let s = &mut g.slots[i];
-            if skip.iter().any(|id| *id == s.id) {
+            if skip.contains(&s.id) {
                 continue;
             }
             if let Some(job) = s.frames.pop_front() {

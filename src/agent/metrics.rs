@@ -289,7 +289,8 @@ impl Collector for Inner {
                 MetricType::Counter,
             )?;
             for (id, st) in &streams {
-                for (result, v) in [("in", &st.frames_in), ("dropped", &st.dropped), ("skipped", &st.skipped), ("published", &st.published)] {
+                for (result, v) in [("in", &st.frames_in), ("dropped", &st.dropped), ("skipped", &st.skipped), ("published", &st.published)]
+                {
                     let labels = [("stream", label_value(id)), ("result", result.to_string())];
                     ConstCounter::new(v.load(Relaxed)).encode(m.encode_family(&labels)?)?;
                 }

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::config::Config;
-use crate::agent::frames::{FrameHub, FrameMeta, FramePixels};
 use crate::agent::events::EventSink;
+use crate::agent::frames::{FrameHub, FrameMeta, FramePixels};
 use crate::agent::messages::{BatchChangeReason, EventBody, InputStage, OomAction};
 use crate::agent::telemetry::{Stage, Stats};
 use crate::backend::oom::{is_oom, OomInjector};
@@ -205,7 +205,19 @@ impl Pipeline {
                 .spawn(move || dispatch(intake, dispatch_pool, ordered_tx, limits, imgsz, fit, st))?,
         );
         let st = stats.clone();
-        let b = Batcher { ordered: ordered_rx, ready: ready_rx, out: batch_tx, max_wait: c.device.max_wait, hub, pictures, pool, limits, imgsz, fit, stats: st };
+        let b = Batcher {
+            ordered: ordered_rx,
+            ready: ready_rx,
+            out: batch_tx,
+            max_wait: c.device.max_wait,
+            hub,
+            pictures,
+            pool,
+            limits,
+            imgsz,
+            fit,
+            stats: st,
+        };
         threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || b.run())?);
         let worker = Worker {
             detector,
@@ -356,8 +368,11 @@ impl Batcher {
                     break;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
-                let next =
-                    if left.is_zero() { self.ordered.try_recv().map_err(|_| RecvTimeoutError::Timeout) } else { self.ordered.recv_timeout(left) };
+                let next = if left.is_zero() {
+                    self.ordered.try_recv().map_err(|_| RecvTimeoutError::Timeout)
+                } else {
+                    self.ordered.recv_timeout(left)
+                };
                 match next {
                     Ok(Pending::Picture(rx)) => items.extend(take(rx)),
                     Ok(Pending::Wake) => {}

@@ -81,7 +81,15 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
     }
     let limits = DecodeLimits::default();
     let mut out = Output { raws: Vec::new(), failed: 0, total: 0, dets: 0 };
-    let mut ctx = Ctx { det: &det, th: &th, imgsz: a.imgsz as u32, fit: a.fit, raw_out: a.raw_out.is_some(), annotate: a.annotate.as_deref(), json: json.as_mut() };
+    let mut ctx = Ctx {
+        det: &det,
+        th: &th,
+        imgsz: a.imgsz as u32,
+        fit: a.fit,
+        raw_out: a.raw_out.is_some(),
+        annotate: a.annotate.as_deref(),
+        json: json.as_mut(),
+    };
     let mut pictures: Vec<&PathBuf> = Vec::new();
     for path in &a.images {
         if !is_video(path) {
@@ -186,7 +194,8 @@ impl Ctx<'_> {
                         name.insert("video".into(), serde_json::json!(path));
                         name.insert("frame".into(), serde_json::json!(index));
                         name.insert("pts_ms".into(), serde_json::json!(f.pts_ns.map(|n| n as f64 / 1e6)));
-                        let image = image::RgbImage::from_raw(f.width, f.height, f.data).ok_or_else(|| "frame of the wrong size".to_string());
+                        let image =
+                            image::RgbImage::from_raw(f.width, f.height, f.data).ok_or_else(|| "frame of the wrong size".to_string());
                         items.push(Item { name, stem: format!("{stem}-{index:06}"), image });
                         index += 1;
                         if items.len() == batch {

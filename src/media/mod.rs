@@ -180,12 +180,15 @@ pub enum FrameFlow {
     Stop,
 }
 
+/// Told the decoder chosen for a codec.
+pub type DecoderCallback = dyn Fn(Codec, &DecoderPick) + Send + Sync;
+
 /// Called on GStreamer's streaming threads.
 pub struct Callbacks {
     /// Each decoded frame.
     pub on_frame: Box<dyn Fn(Frame) -> FrameFlow + Send + Sync>,
     /// The decoder chosen, once the codec is known (not called for codecs a `decodebin` takes).
-    pub on_decoder: Box<dyn Fn(Codec, &DecoderPick) + Send + Sync>,
+    pub on_decoder: Box<DecoderCallback>,
 }
 
 /// How the appsink runs.
@@ -243,7 +246,7 @@ pub fn build(input: &Input, pref: DecoderPref, mode: SinkMode, cb: Callbacks) ->
         .build();
     pipeline.add_many([&convert, sink.upcast_ref()]).map_err(build_err)?;
     convert.link(&sink).map_err(build_err)?;
-    let on_decoder: Arc<dyn Fn(Codec, &DecoderPick) + Send + Sync> = Arc::from(cb.on_decoder);
+    let on_decoder: Arc<DecoderCallback> = Arc::from(cb.on_decoder);
     let tail = convert.static_pad("sink").ok_or_else(|| build_err("videoconvert has no sink pad"))?;
 
     match input {
@@ -331,13 +334,7 @@ pub fn build(input: &Input, pref: DecoderPref, mode: SinkMode, cb: Callbacks) ->
 }
 
 /// Links `parsebin`'s video pads to a decoder (H.264/H.265: ours; others: a `decodebin`).
-fn connect_parsed(
-    pipeline: &gst::Pipeline,
-    parse: &gst::Element,
-    pref: DecoderPref,
-    tail: gst::Pad,
-    on_decoder: Arc<dyn Fn(Codec, &DecoderPick) + Send + Sync>,
-) {
+fn connect_parsed(pipeline: &gst::Pipeline, parse: &gst::Element, pref: DecoderPref, tail: gst::Pad, on_decoder: Arc<DecoderCallback>) {
     let weak = pipeline.downgrade();
     parse.connect_pad_added(move |_, pad| {
         let Some(pipeline) = weak.upgrade() else { return };
@@ -388,7 +385,7 @@ fn link_encoded(
     rtp: bool,
     pref: DecoderPref,
     tail: &gst::Pad,
-    on_decoder: &(dyn Fn(Codec, &DecoderPick) + Send + Sync),
+    on_decoder: &DecoderCallback,
 ) -> Result<(), MediaError> {
     if tail.is_linked() {
         return discard(pipeline, pad);

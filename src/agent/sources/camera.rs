@@ -159,7 +159,11 @@ impl Stream {
                     }
                     tracing::warn!(source = %self.cfg.id, error = %error, retry_in_ms = backoff.as_millis() as u64, "stream lost");
                     if lost.is_none() {
-                        self.events.emit(EventBody::SourceError { source: self.cfg.id.clone(), path: self.location(), error: error.clone() });
+                        self.events.emit(EventBody::SourceError {
+                            source: self.cfg.id.clone(),
+                            path: self.location(),
+                            error: error.clone(),
+                        });
                     }
                     lost = Some(error);
                     let until = Instant::now() + backoff;
