@@ -539,3 +539,47 @@ fn vm_rss_kb(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()))
         .unwrap_or(0)
 }
+
+/// A video file read as fast as inference goes (`type = "video"`, `pacing = "fast"`): every
+/// frame published once, in order, none dropped, with `detect`'s detections; then
+/// `source_ended`, and the stream stops (no reconnect).
+#[test]
+fn video_file_fast_pacing_publishes_every_frame_then_ends() {
+    if gstreamer().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    const N: usize = 40;
+    let (clip, _) = scene_clip(tmp.path(), "h264", N, 4, 25);
+    let want = detect_video(&clip, 320);
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let source =
+        format!("[[sources]]\ntype = \"video\"\nid = \"file\"\npath = \"{}\"\npacing = \"fast\"\ndecoder = \"cpu\"\n", clip.display());
+    let c = conf(tmp.path(), broker.port, 320, 4, &source);
+    let cfg = tmp.path().join("agent.toml");
+    c.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "source_ended", || stream_events(&col, "source_ended", "file") == 1);
+    wait_until(Duration::from_secs(30), "every frame published", || count(&col, "file") == N);
+    let m = by_stream(&col);
+    assert_eq!(m["file"].keys().copied().collect::<Vec<_>>(), (0..N as u64).collect::<Vec<_>>());
+    assert_eq!(col.detections().len(), N, "a frame published twice");
+    for (i, theirs) in want.iter().enumerate() {
+        let ours = &m["file"][&(i as u64)].detections;
+        assert_eq!(ours.len(), theirs.len(), "frame {i}");
+        for (a, b) in ours.iter().zip(theirs) {
+            assert!(a.class_id == b.class_id && iou(a.bbox.map(f64::from), b.bbox.map(f64::from)) >= 0.99, "frame {i}: {a:?} vs {b:?}");
+        }
+    }
+    assert_eq!(stream_events(&col, "source_error", "file"), 0);
+    assert!(col.events("decoder_fallback").is_empty(), "decoder = \"cpu\" asks for no hardware decoder");
+    wait_until(Duration::from_secs(20), "telemetry: ended, nothing dropped", || {
+        col.on("/telemetry").last().is_some_and(|m| {
+            let t: Telemetry = m.parse();
+            t.streams.iter().any(|s| s.id == "file" && s.state == "ended" && s.dropped == 0 && s.published == N as u64)
+        })
+    });
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}

@@ -209,6 +209,15 @@ impl StreamTx {
         Pushed::Queued
     }
 
+    /// Waits until this stream's waiting frames are taken (a video at its end), checking `stop`
+    /// every 50 ms.
+    pub fn drain(&self, stop: &dyn Fn() -> bool) {
+        let mut g = self.hub.lock();
+        while !g.closed && !stop() && g.slots.iter().any(|s| s.generation == self.generation && !s.frames.is_empty()) {
+            g = self.hub.room.wait_timeout(g, Duration::from_millis(50)).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
     /// Removes this stream's queue (a video that ended): the batcher stops counting it.
     pub fn close(&self) {
         self.hub.lock().slots.retain(|s| s.generation != self.generation);

@@ -142,6 +142,8 @@ impl Stream {
                     break;
                 }
                 Ended::Finished => {
+                    // the last frames still go to inference
+                    self.tx.drain(&|| self.stop.load(Relaxed));
                     self.st.set_state(StreamState::Ended);
                     self.tx.close();
                     self.events.emit(EventBody::SourceEnded {
