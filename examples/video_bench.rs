@@ -12,8 +12,17 @@ use std::time::Instant;
 use yolo_edge::media::{DecoderPref, VideoReader};
 use yolo_edge::vision::preprocess::{letterbox_fit, Fit};
 
-/// Frames per second of one pass over the clip, letterboxing each frame or not.
-fn pass(path: &std::path::Path, letterbox: Option<u32>) -> Result<(usize, (u32, u32), f64), Box<dyn std::error::Error>> {
+type Error = Box<dyn std::error::Error>;
+
+/// One pass over the clip: frames, their size, and frames per second.
+struct Pass {
+    frames: usize,
+    size: (u32, u32),
+    fps: f64,
+}
+
+/// One pass over the clip, letterboxing each frame or not.
+fn pass(path: &std::path::Path, letterbox: Option<u32>) -> Result<Pass, Error> {
     let t = Instant::now();
     let (mut n, mut size) = (0usize, (0, 0));
     for f in VideoReader::open(path, DecoderPref::Cpu)? {
@@ -25,7 +34,7 @@ fn pass(path: &std::path::Path, letterbox: Option<u32>) -> Result<(usize, (u32, 
         }
         n += 1;
     }
-    Ok((n, size, n as f64 / t.elapsed().as_secs_f64()))
+    Ok(Pass { frames: n, size, fps: n as f64 / t.elapsed().as_secs_f64() })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -33,14 +42,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let path = std::path::PathBuf::from(args.get(1).ok_or("usage: video_bench CLIP [IMGSZ]")?);
     let imgsz: u32 = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(640);
     // a first pass loads the plugins and warms the caches
-    let (n, size, _) = pass(&path, None)?;
-    let decode = median((0..3).map(|_| pass(&path, None).map(|r| r.2)).collect::<Result<_, _>>()?);
-    let both = median((0..3).map(|_| pass(&path, Some(imgsz)).map(|r| r.2)).collect::<Result<_, _>>()?);
+    let Pass { frames: n, size, .. } = pass(&path, None)?;
+    let decode = median((0..3).map(|_| pass(&path, None).map(|r| r.fps)).collect::<Result<_, _>>()?);
+    let both = median((0..3).map(|_| pass(&path, Some(imgsz)).map(|r| r.fps)).collect::<Result<_, _>>()?);
     println!(
         "{} {}x{}: {n} frames; decode {decode:.1} fps; decode + letterbox to {imgsz} {both:.1} fps (median of 3)",
         path.display(),
