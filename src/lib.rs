@@ -10,7 +10,7 @@
 //! | detection | [`detector`] | a loaded model with its batched pre- and post-processing |
 //! | model | [`model`], [`weights`] | YOLOv9 itself, and the checkpoint formats it loads from |
 //! | acceleration | [`backend`] | devices, memory, CPU and CUDA kernels, uploads, the arena |
-//! | foundations | [`vision`], [`units`], [`env`], [`files`] | pictures on the host (decoding, letterbox, NMS, annotation); byte sizes; the process environment, read once; bounded reads of files named from outside |
+//! | foundations | [`vision`], `media`, [`units`], [`env`], [`files`] | pictures on the host (decoding, letterbox, NMS, annotation); video through GStreamer (feature `gstreamer`); byte sizes; the process environment, read once; bounded reads of files named from outside |
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -23,6 +23,8 @@ pub mod detector;
 pub mod env;
 pub mod eval;
 pub mod files;
+#[cfg(feature = "gstreamer")]
+pub mod media;
 pub mod model;
 pub mod planner;
 pub mod units;
@@ -39,6 +41,7 @@ mod layering {
         ("env", &[]),
         ("files", &[]),
         ("vision", &["files"]),
+        ("media", &[]),
         ("backend", &["vision", "units", "env", "files"]),
         ("weights", &["model", "backend", "vision", "units", "env", "files"]),
         ("model", &["weights", "backend", "vision", "units", "env", "files"]),
@@ -46,8 +49,8 @@ mod layering {
         ("planner", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
         ("bench", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
         ("eval", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
-        ("agent", &["planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
-        ("demo", &["agent", "eval", "planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("agent", &["media", "planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("demo", &["agent", "media", "eval", "planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
     ];
 
     fn sources(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {

@@ -77,21 +77,38 @@ pub enum FrameImage {
         /// Height in pixels.
         h: u32,
     },
+    /// A frame of a camera or video stream (`type = "rtsp" | "video" | "v4l2" | "uri"`).
+    Stream {
+        /// The stream's source id.
+        stream: String,
+        /// The frame's index in the stream: 0, 1, 2... for every frame the decoder delivered
+        /// since the source started (across reconnects); a gap is a frame dropped or skipped.
+        frame: u64,
+        /// The frame's presentation timestamp in the stream (ms; null: the stream has none).
+        pts_ms: Option<f64>,
+        /// When the decoded frame reached the agent (RFC 3339 UTC, milliseconds).
+        capture_ts: String,
+        /// Width in pixels.
+        w: u32,
+        /// Height in pixels.
+        h: u32,
+    },
 }
 
 impl FrameImage {
-    /// The path or id.
+    /// The path, id or stream.
     pub fn name(&self) -> &str {
         match self {
             Self::Path { path, .. } => path,
             Self::Id { id, .. } => id,
+            Self::Stream { stream, .. } => stream,
         }
     }
 
     /// Width and height in pixels.
     pub fn size(&self) -> (u32, u32) {
         match self {
-            Self::Path { w, h, .. } | Self::Id { w, h, .. } => (*w, *h),
+            Self::Path { w, h, .. } | Self::Id { w, h, .. } | Self::Stream { w, h, .. } => (*w, *h),
         }
     }
 }
@@ -110,14 +127,22 @@ pub enum ImageName {
         /// The topic level named by `id_from_topic_level` (or the whole topic).
         id: String,
     },
+    /// A frame of a stream.
+    Stream {
+        /// The stream's source id.
+        stream: String,
+        /// The frame's index in the stream.
+        frame: u64,
+    },
 }
 
 impl ImageName {
-    /// The path or id.
+    /// The path, id or stream.
     pub fn name(&self) -> &str {
         match self {
             Self::Path { path } => path,
             Self::Id { id } => id,
+            Self::Stream { stream, .. } => stream,
         }
     }
 }
@@ -132,6 +157,10 @@ pub struct FrameLatency {
     pub infer: f64,
     /// Building this message (ms).
     pub post: f64,
+    /// Stream frames only: from the decoded frame reaching the agent (`capture_ts`) to this
+    /// message being built (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture_to_publish: Option<f64>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,6 +200,50 @@ pub struct Telemetry {
     pub mqtt: MqttCounters,
     /// Config file updates.
     pub config: ConfigCounters,
+    /// Camera and video streams, by source id (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<StreamTelemetry>,
+}
+
+/// One stream's figures in `telemetry`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamTelemetry {
+    /// The source id.
+    pub id: String,
+    /// `rtsp`, `video`, `v4l2` or `uri`.
+    pub kind: String,
+    /// The decoder element in use (e.g. `avdec_h264`, `nvh264dec`); null before the first
+    /// connection has found the codec.
+    pub decoder: Option<String>,
+    /// `connecting`, `running`, `reconnecting` or `ended` (a video file at its end).
+    pub state: String,
+    /// Frames the decoder delivered.
+    pub frames_in: u64,
+    /// Frames replaced in the waiting queue by a newer one before inference took them.
+    pub dropped: u64,
+    /// Frames skipped for `max_fps`.
+    pub skipped: u64,
+    /// Frames whose detections were published.
+    pub published: u64,
+    /// Connections lost (error, end of a live stream, or no frame for `stall_timeout_ms`).
+    pub reconnects: u64,
+    /// Capture to publish over the last 2048 frames (ms).
+    pub capture_to_publish_ms: Percentiles,
+}
+
+/// One stream as `info` names it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamInfo {
+    /// The source id.
+    pub id: String,
+    /// `rtsp`, `video`, `v4l2` or `uri`.
+    pub kind: String,
+    /// `decoder` as configured: `auto`, `cpu`, `nvdec` or `nvv4l2`.
+    pub decoder_requested: String,
+    /// The decoder element in use (null until the first connection found the codec).
+    pub decoder: Option<String>,
 }
 
 /// Memory of the device the model runs on, in bytes.
@@ -392,6 +465,9 @@ pub struct Info {
     pub sources: Vec<String>,
     /// The MQTT protocol version in use.
     pub protocol: MqttProtocol,
+    /// The camera and video streams and their decoders (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<StreamInfo>,
 }
 
 /// The model of an [`Info`] message.
@@ -720,21 +796,45 @@ pub enum EventBody {
         /// Why.
         reason: String,
     },
-    /// A folder source cannot be read (or its done/failed folders cannot be made).
+    /// A folder source cannot be read (or its done/failed folders cannot be made); a stream
+    /// is lost (an error, the end of a live stream, or no frame for `stall_timeout_ms`) and
+    /// reconnects with backoff. Once per loss.
     SourceError {
         /// The source id.
         source: String,
-        /// The folder.
+        /// The folder, or the stream's location (URL without credentials, file, device).
         path: String,
         /// The error.
         error: String,
     },
-    /// A folder source that had failed can be read again.
+    /// A folder source that had failed can be read again; a lost stream delivers frames again.
     SourceRecovered {
         /// The source id.
         source: String,
-        /// The folder.
+        /// The folder, or the stream's location.
         path: String,
+    },
+    /// A stream's requested decoder element is not installed: the software decoder runs instead.
+    DecoderFallback {
+        /// The source id.
+        source: String,
+        /// The stream's codec (`h264`, `h265`).
+        codec: String,
+        /// `decoder` as configured.
+        requested: String,
+        /// The elements looked for and not found.
+        missing: Vec<String>,
+        /// The element used.
+        using: String,
+    },
+    /// A video file (or a non-live URI) reached its end; the stream stops.
+    SourceEnded {
+        /// The source id.
+        source: String,
+        /// The file or URI.
+        path: String,
+        /// Frames the decoder delivered.
+        frames: u64,
     },
     /// The connection to the broker was lost; detections go to the spool until it is back.
     /// Published once the agent is connected again (its `ts` is the moment of the loss).
@@ -808,6 +908,8 @@ impl EventBody {
             Self::InputRejected { .. } => "input_rejected",
             Self::SourceError { .. } => "source_error",
             Self::SourceRecovered { .. } => "source_recovered",
+            Self::DecoderFallback { .. } => "decoder_fallback",
+            Self::SourceEnded { .. } => "source_ended",
             Self::MqttDisconnected { .. } => "mqtt_disconnected",
             Self::MqttReconnected { .. } => "mqtt_reconnected",
             Self::MqttRefused { .. } => "mqtt_refused",
@@ -823,7 +925,7 @@ impl EventBody {
 
     /// Whether `info` changes with this event (and is published again after it).
     pub fn changes_info(&self) -> bool {
-        matches!(self, Self::ModelReloaded { .. } | Self::ConfigApplied { .. } | Self::BatchChange { .. })
+        matches!(self, Self::ModelReloaded { .. } | Self::ConfigApplied { .. } | Self::BatchChange { .. } | Self::DecoderFallback { .. })
     }
 }
 
@@ -1025,7 +1127,7 @@ pub(crate) mod examples {
             image: FrameImage::Path { path: format!("/data/in/{name}"), w: 640, h: 480 },
             model: "yolov9t:182a7e7c1428".into(),
             batch_size: 4,
-            latency_ms: FrameLatency { decode: 3.2, infer: 80.0, post: 0.05 },
+            latency_ms: FrameLatency { decode: 3.2, infer: 80.0, post: 0.05, capture_to_publish: None },
             detections,
         }
     }
@@ -1079,6 +1181,7 @@ pub(crate) mod examples {
                 events_dropped: 0,
             },
             config: ConfigCounters { applied: 0, rejected: 0, model_reloads: 0 },
+            streams: Vec::new(),
         }
     }
 
@@ -1114,6 +1217,7 @@ pub(crate) mod examples {
             config_sha256: "5f1d0c0e8e1b2a3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4".into(),
             sources: vec!["cam".into()],
             protocol: MqttProtocol::V311,
+            streams: Vec::new(),
         }
     }
 

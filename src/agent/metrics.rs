@@ -279,6 +279,58 @@ impl Collector for Inner {
                 ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
             }
         }
+        // camera and video streams (labels bounded by the configured streams)
+        let streams = s.streams();
+        if !streams.is_empty() {
+            let mut m = o.enc.encode_descriptor(
+                "yolo_edge_stream_frames",
+                "Stream frames by result (in: delivered by the decoder; dropped: replaced while waiting for inference; skipped: over max_fps; published)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (id, st) in &streams {
+                for (result, v) in [("in", &st.frames_in), ("dropped", &st.dropped), ("skipped", &st.skipped), ("published", &st.published)]
+                {
+                    let labels = [("stream", label_value(id)), ("result", result.to_string())];
+                    ConstCounter::new(v.load(Relaxed)).encode(m.encode_family(&labels)?)?;
+                }
+            }
+            let mut m = o.enc.encode_descriptor(
+                "yolo_edge_stream_reconnects",
+                "Stream connections lost (error, end of a live stream, stall) and retried",
+                None,
+                MetricType::Counter,
+            )?;
+            for (id, st) in &streams {
+                ConstCounter::new(st.reconnects.load(Relaxed)).encode(m.encode_family(&[("stream", label_value(id))])?)?;
+            }
+            let mut m = o.enc.encode_descriptor(
+                "yolo_edge_stream_decoder",
+                "The decoder element each stream uses (empty until the codec is known) and its state",
+                None,
+                MetricType::Info,
+            )?;
+            for (id, st) in &streams {
+                let labels = [
+                    ("stream", label_value(id)),
+                    ("kind", st.kind.clone()),
+                    ("decoder", label_value(&st.decoder().unwrap_or_default())),
+                    ("requested", st.decoder_requested.clone()),
+                    ("state", st.state().name().to_string()),
+                ];
+                m.encode_info(&labels)?;
+            }
+            let mut m = o.enc.encode_descriptor(
+                "yolo_edge_stream_capture_to_publish",
+                "From a stream frame reaching the agent to its detection message being built",
+                SECONDS,
+                MetricType::Histogram,
+            )?;
+            for (id, st) in &streams {
+                let h = st.capture_to_publish_histogram();
+                m.encode_family(&[("stream", label_value(id))])?.encode_histogram::<NoLabelSet>(h.sum_s, h.count, &h.buckets, None)?;
+            }
+        }
         o.counter("yolo_edge_frames_received", "Pictures taken from the intake into decoding", &s.frames_in)?;
         o.counter("yolo_edge_inputs_rejected", "Pictures rejected (intake, decode or inference)", &s.inputs_rejected)?;
         o.counter("yolo_edge_batches", "Batches run on the inference thread", &s.batches)?;

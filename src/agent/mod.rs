@@ -6,6 +6,7 @@
 pub mod config;
 pub mod events;
 pub mod fleet;
+pub mod frames;
 pub mod http;
 pub mod messages;
 pub mod metrics;
@@ -237,7 +238,10 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
     let (results_tx, results_rx) = mpsc::channel(depth + 8);
     let (images_tx, images_rx) = mpsc::channel(64);
 
-    let pipeline = Pipeline::start(detector, batch, cfg_rx.clone(), intake_rx, results_tx, events.clone(), stats.clone())?;
+    let hub = frames::FrameHub::new();
+    let pictures = cfg.sources.iter().any(|s| !s.is_stream());
+    let pipeline =
+        Pipeline::start(detector, batch, cfg_rx.clone(), intake_rx, hub.clone(), pictures, results_tx, events.clone(), stats.clone())?;
     let model_meta = pipeline.model.clone();
     let control = pipeline.control.clone();
 
@@ -287,6 +291,15 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
                 config_sha256: c.sha256.clone(),
                 sources: c.sources.iter().map(|s| s.id().to_string()).collect(),
                 protocol: c.mqtt.protocol.into(),
+                streams: c
+                    .streams()
+                    .map(|s| messages::StreamInfo {
+                        id: s.id.clone(),
+                        kind: s.kind.name().to_string(),
+                        decoder_requested: s.decoder.name().to_string(),
+                        decoder: stats.stream(&s.id).and_then(|x| x.decoder()),
+                    })
+                    .collect(),
             }
         })
     };
@@ -303,8 +316,12 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
             SourceConfig::Mqtt { id, topic, id_from_topic_level } => {
                 mqtt_sources.push(mqtt_source::MqttSource { id, filter: topic, id_level: id_from_topic_level })
             }
+            // started (and followed through config edits) by the stream manager below
+            SourceConfig::Stream(_) => {}
         }
     }
+    #[cfg(feature = "gstreamer")]
+    source_tasks.push(tokio::spawn(sources::camera::manage(cfg_rx.clone(), hub.clone(), events.clone(), stats.clone(), stop_rx.clone())));
     let image_filters: Vec<String> = mqtt_sources.iter().map(|s| s.filter.clone()).collect();
     if !mqtt_sources.is_empty() {
         source_tasks.push(tokio::spawn(mqtt_source::run(
@@ -344,6 +361,8 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
     for t in source_tasks {
         let _ = t.await;
     }
+    // stream frames still waiting are live pictures of the past: dropped, not drained
+    hub.close();
     // the pipeline ends when the intake is drained; the publisher after the last outcome
     let drained = tokio::time::timeout(grace + Duration::from_secs(5), publisher_task).await;
     if drained.is_err() {

@@ -1,6 +1,10 @@
 //! The processing pipeline: intake -> decode/letterbox pool (bounded, order-preserving) ->
 //! batcher (current batch or `max_wait`) -> one inference thread owning the detector (runtime
 //! OOM fallback: split, lower, probe back up) -> ordered outcomes for the publisher.
+//!
+//! Stream frames (cameras, video) do not pass the intake: they wait in the [`FrameHub`]'s
+//! per-stream slots, and the batcher takes at most one per stream per batch, round-robin, and
+//! letterboxes them on the pool (they are decoded pixels already).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -14,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::agent::config::Config;
 use crate::agent::events::EventSink;
+use crate::agent::frames::{FrameHub, FrameMeta, FramePixels};
 use crate::agent::messages::{BatchChangeReason, EventBody, InputStage, OomAction};
 use crate::agent::telemetry::{Stage, Stats};
 use crate::backend::oom::{is_oom, OomInjector};
@@ -21,18 +26,28 @@ use crate::detector::Detector;
 use crate::vision::postprocess::Detection;
 use crate::vision::preprocess::{self, DecodeLimits, Fit, Letterboxed};
 
-/// Where a picture came from: a file path or an id (MQTT).
+/// Where a picture came from: a file path, an id (MQTT) or a stream's frame.
 #[derive(Debug, Clone)]
 pub enum ImageRef {
     Path(PathBuf),
     Id(String),
+    Frame(FrameMeta),
 }
 
-/// The bytes of a picture: read from disk by the decode pool, or carried in the message.
+/// The bytes of a picture: read from disk by the decode pool, or carried in the message; or a
+/// stream's decoded frame (letterboxed as it is).
 #[derive(Debug)]
 pub enum JobData {
     File(PathBuf),
     Bytes(Vec<u8>),
+    Frame(FramePixels),
+}
+
+/// What the batcher waits on: a picture being decoded, or word that a stream frame waits in the
+/// [`FrameHub`].
+pub enum Pending {
+    Picture(Receiver<Decoded>),
+    Wake,
 }
 
 /// What to do with the input once its outcome is safely delivered (acknowledged or spooled).
@@ -123,7 +138,7 @@ pub enum Control {
     SwapModel(Box<Detector>),
 }
 
-struct Decoded {
+pub struct Decoded {
     job: Job,
     result: Result<Letterboxed, String>,
     /// Reading and decoding, in milliseconds.
@@ -142,30 +157,41 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts the pipeline. It ends by itself once `intake` is closed and drained, after the
-    /// last outcome has been sent on `results`.
+    /// Starts the pipeline. It ends by itself once `intake` is closed and drained and `hub`
+    /// closed, after the last outcome has been sent on `results`. `pictures`: whether any folder
+    /// or MQTT source feeds the intake (without, a batch holding a frame of every stream goes at
+    /// once instead of waiting `max_wait` for pictures).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         detector: Detector,
         startup_batch: usize,
         cfg: watch::Receiver<Arc<Config>>,
         intake: mpsc::Receiver<Job>,
+        hub: Arc<FrameHub>,
+        pictures: bool,
         results: mpsc::Sender<Outcome>,
         events: EventSink,
         stats: Arc<Stats>,
     ) -> std::io::Result<Self> {
         let c = cfg.borrow().clone();
         let threads_n = c.device.decode_threads.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads_n)
-            .thread_name(|i| format!("decode-{i}"))
-            .build()
-            .map_err(std::io::Error::other)?;
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads_n)
+                .thread_name(|i| format!("decode-{i}"))
+                .build()
+                .map_err(std::io::Error::other)?,
+        );
         // decoded pictures waiting for the batcher: two batches' worth of the startup batch (the
         // working batch never grows past it), which the planner counts in on host memory
         // (`planner::probe::PICTURES_PER_BATCH_SLOT`)
         let queue = (2 * startup_batch).max(threads_n * 2).max(8);
-        let (ordered_tx, ordered_rx) = sync_channel::<Receiver<Decoded>>(queue);
+        let (ordered_tx, ordered_rx) = sync_channel::<Pending>(queue);
+        hub.set_wake(ordered_tx.clone());
         let (batch_tx, batch_rx) = sync_channel::<Vec<Decoded>>(1);
+        // the inference thread asks for each batch: the batcher fills one only when it can run
+        // at once, so that stream frames are taken from their slots as late as possible
+        let (ready_tx, ready_rx) = sync_channel::<()>(1);
         let (control_tx, control_rx) = sync_channel::<Control>(2);
         let model = Arc::new(RwLock::new(ModelMeta::of(&detector)));
         stats.batch_current.store(startup_batch as u64, Relaxed);
@@ -175,14 +201,27 @@ impl Pipeline {
         let mut threads = Vec::new();
 
         let st = stats.clone();
+        let dispatch_pool = pool.clone();
         threads.push(
             std::thread::Builder::new()
                 .name("dispatch".into())
-                .spawn(move || dispatch(intake, pool, ordered_tx, limits, imgsz, fit, st))?,
+                .spawn(move || dispatch(intake, dispatch_pool, ordered_tx, limits, imgsz, fit, st))?,
         );
         let st = stats.clone();
-        let max_wait = c.device.max_wait;
-        threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || batcher(ordered_rx, batch_tx, max_wait, st))?);
+        let b = Batcher {
+            ordered: ordered_rx,
+            ready: ready_rx,
+            out: batch_tx,
+            max_wait: c.device.max_wait,
+            hub,
+            pictures,
+            pool,
+            limits,
+            imgsz,
+            fit,
+            stats: st,
+        };
+        threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || b.run())?);
         let worker = Worker {
             detector,
             model: model.clone(),
@@ -195,6 +234,9 @@ impl Pipeline {
             last_work: Instant::now(),
             released: false,
             frames_done: 0,
+            infer_delay: c.infer_delay,
+            ready: ready_tx,
+            asked: false,
             injector: c.inject_oom,
             events,
             stats,
@@ -212,27 +254,46 @@ impl Pipeline {
 }
 
 /// Decodes and letterboxes a picture; also returns the milliseconds the letterbox took.
-fn decode(job: &Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<(Letterboxed, f64), String> {
-    let img = match &job.data {
-        JobData::Bytes(b) => preprocess::decode_image(b, limits),
+fn decode(job: &mut Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<(Letterboxed, f64), String> {
+    let img = match &mut job.data {
+        JobData::Frame(f) => {
+            if f.width > limits.max_side || f.height > limits.max_side || f.width as u64 * f.height as u64 > limits.max_pixels {
+                return Err(format!("frame {}x{} is above the input limits (input.max_side, input.max_pixels)", f.width, f.height));
+            }
+            // the pixels move into the picture; the job keeps an empty frame of the same size
+            let data = std::mem::take(&mut f.data);
+            image::RgbImage::from_raw(f.width, f.height, data).ok_or_else(|| format!("frame {}x{}: wrong pixel count", f.width, f.height))
+        }
+        JobData::Bytes(b) => preprocess::decode_image(b, limits).map_err(|e| e.to_string()),
         JobData::File(p) => {
-            let len = std::fs::metadata(p).map_err(|e| format!("cannot read: {e}"))?.len();
+            let len = std::fs::metadata(&*p).map_err(|e| format!("cannot read: {e}"))?.len();
             if len > limits.max_bytes {
                 return Err(preprocess::ImageError::TooLarge { size: len, limit: limits.max_bytes }.to_string());
             }
-            preprocess::load_image(p, limits)
+            preprocess::load_image(p, limits).map_err(|e| e.to_string())
         }
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     let t = Instant::now();
     let lb = preprocess::letterbox_fit(&img, imgsz, fit);
     Ok((lb, t.elapsed().as_secs_f64() * 1e3))
 }
 
+/// Decodes (or takes a frame's pixels) and letterboxes one job, timing it.
+fn prepare(mut job: Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Decoded {
+    let t = Instant::now();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&mut job, limits, imgsz, fit)))
+        .unwrap_or_else(|_| Err("decoder panicked on this input".to_string()));
+    let total_ms = t.elapsed().as_secs_f64() * 1e3;
+    let letterbox_ms = result.as_ref().ok().map(|r| r.1);
+    let result = result.map(|r| r.0);
+    let ms = total_ms - letterbox_ms.unwrap_or(0.0);
+    Decoded { job, result, ms, letterbox_ms, ready: Instant::now() }
+}
+
 fn dispatch(
     mut intake: mpsc::Receiver<Job>,
-    pool: rayon::ThreadPool,
-    ordered: SyncSender<Receiver<Decoded>>,
+    pool: Arc<rayon::ThreadPool>,
+    ordered: SyncSender<Pending>,
     limits: DecodeLimits,
     imgsz: u32,
     fit: Fit,
@@ -243,42 +304,102 @@ fn dispatch(
         stats.q_intake.store(intake.len() as u64, Relaxed);
         let (tx, rx) = sync_channel(1);
         pool.spawn(move || {
-            let t = Instant::now();
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&job, &limits, imgsz, fit)))
-                .unwrap_or_else(|_| Err("decoder panicked on this input".to_string()));
-            let total_ms = t.elapsed().as_secs_f64() * 1e3;
-            let letterbox_ms = result.as_ref().ok().map(|r| r.1);
-            let result = result.map(|r| r.0);
-            let ms = total_ms - letterbox_ms.unwrap_or(0.0);
-            let _ = tx.send(Decoded { job, result, ms, letterbox_ms, ready: Instant::now() });
+            let _ = tx.send(prepare(job, &limits, imgsz, fit));
         });
         stats.q_decoded.fetch_add(1, Relaxed);
-        if ordered.send(rx).is_err() {
+        if ordered.send(Pending::Picture(rx)).is_err() {
             return;
         }
     }
 }
 
-fn batcher(ordered: Receiver<Receiver<Decoded>>, out: SyncSender<Vec<Decoded>>, max_wait: Duration, stats: Arc<Stats>) {
-    let take = |rx: Receiver<Decoded>| {
-        stats.q_decoded.fetch_sub(1, Relaxed);
-        // The decode task always answers (panics are caught), so this only fails if the pool died.
-        rx.recv().ok()
-    };
-    while let Ok(first) = ordered.recv() {
-        let mut items: Vec<Decoded> = take(first).into_iter().collect();
-        let target = stats.batch_current.load(Relaxed).max(1) as usize;
-        let deadline = Instant::now() + max_wait;
-        while items.iter().filter(|d| d.result.is_ok()).count() < target {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let next = if left.is_zero() { ordered.try_recv().map_err(|_| RecvTimeoutError::Timeout) } else { ordered.recv_timeout(left) };
-            match next {
-                Ok(rx) => items.extend(take(rx)),
-                Err(_) => break,
+struct Batcher {
+    ordered: Receiver<Pending>,
+    /// One token per batch the inference thread is ready for.
+    ready: Receiver<()>,
+    out: SyncSender<Vec<Decoded>>,
+    max_wait: Duration,
+    hub: Arc<FrameHub>,
+    pictures: bool,
+    pool: Arc<rayon::ThreadPool>,
+    limits: DecodeLimits,
+    imgsz: u32,
+    fit: Fit,
+    stats: Arc<Stats>,
+}
+
+impl Batcher {
+    /// Fills each batch up to the current batch size: pictures in intake order, and stream
+    /// frames at most one per stream, round-robin; a partial batch goes after `max_wait` (or at
+    /// once when only streams feed the pipeline and every stream has a frame in it).
+    fn run(self) {
+        let take = |rx: Receiver<Decoded>| {
+            self.stats.q_decoded.fetch_sub(1, Relaxed);
+            // The decode task always answers (panics are caught), so this only fails if the pool died.
+            rx.recv().ok()
+        };
+        let mut token = false;
+        loop {
+            if !token {
+                if self.ready.recv().is_err() {
+                    return;
+                }
+                token = true;
             }
-        }
-        if !items.is_empty() && out.send(items).is_err() {
-            return;
+            let target = self.stats.batch_current.load(Relaxed).max(1) as usize;
+            let mut items: Vec<Decoded> = Vec::new();
+            // frames already waiting start the batch (a slot that stays full sends no wake);
+            // otherwise the first picture or wake does
+            let mut frames: Vec<Job> = self.hub.take(target, &[]);
+            let mut in_batch: Vec<Arc<str>> = frames.iter().map(|j| j.source.clone()).collect();
+            if frames.is_empty() {
+                match self.ordered.recv() {
+                    Ok(Pending::Picture(rx)) => items.extend(take(rx)),
+                    Ok(Pending::Wake) => {}
+                    Err(_) => return,
+                }
+            }
+            let deadline = Instant::now() + self.max_wait;
+            loop {
+                let have = items.iter().filter(|d| d.result.is_ok()).count() + frames.len();
+                if have < target {
+                    let got = self.hub.take(target - have, &in_batch);
+                    in_batch.extend(got.iter().map(|j| j.source.clone()));
+                    frames.extend(got);
+                }
+                let have = items.iter().filter(|d| d.result.is_ok()).count() + frames.len();
+                if have >= target || (!self.pictures && have > 0 && in_batch.len() >= self.hub.streams()) {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                let next = if left.is_zero() {
+                    self.ordered.try_recv().map_err(|_| RecvTimeoutError::Timeout)
+                } else {
+                    self.ordered.recv_timeout(left)
+                };
+                match next {
+                    Ok(Pending::Picture(rx)) => items.extend(take(rx)),
+                    Ok(Pending::Wake) => {}
+                    Err(_) => break,
+                }
+            }
+            if !frames.is_empty() {
+                self.stats.frames_in.fetch_add(frames.len() as u64, Relaxed);
+                let (limits, imgsz, fit) = (self.limits, self.imgsz, self.fit);
+                let prepared: Vec<Decoded> = self.pool.install(|| {
+                    use rayon::prelude::*;
+                    frames.into_par_iter().map(|job| prepare(job, &limits, imgsz, fit)).collect()
+                });
+                items.extend(prepared);
+            }
+            // nothing came (a stale wake): the token is kept for the next batch
+            if items.is_empty() {
+                continue;
+            }
+            if self.out.send(items).is_err() {
+                return;
+            }
+            token = false;
         }
     }
 }
@@ -297,6 +418,11 @@ struct Worker {
     last_work: Instant,
     released: bool,
     frames_done: u64,
+    /// `[debug] infer_delay_ms`: a deliberately slow model.
+    infer_delay: Option<Duration>,
+    /// Asks the batcher for the next batch; `asked`: a request is outstanding.
+    ready: SyncSender<()>,
+    asked: bool,
     injector: Option<OomInjector>,
     events: EventSink,
     stats: Arc<Stats>,
@@ -312,8 +438,14 @@ impl Worker {
             }
             self.maybe_lower_for_memory();
             self.maybe_probe_up();
+            if !self.asked {
+                self.asked = self.ready.try_send(()).is_ok();
+            }
             let items = match batches.recv_timeout(Duration::from_millis(100)) {
-                Ok(i) => i,
+                Ok(i) => {
+                    self.asked = false;
+                    i
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     self.maybe_release_idle();
                     continue;
@@ -391,6 +523,9 @@ impl Worker {
         let n = frames.len();
         let th = self.cfg.borrow().model.thresholds;
         let t = Instant::now();
+        if let Some(d) = self.infer_delay {
+            std::thread::sleep(d);
+        }
         let r = match self.injector.and_then(|i| i.check(n, self.frames_done)) {
             Some(e) => Err(e),
             None => self.detector.detect(frames, &th),

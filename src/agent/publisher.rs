@@ -24,7 +24,12 @@ const MAX_PENDING_EVENTS: usize = 1000;
 
 /// RFC 3339 UTC timestamp with milliseconds.
 pub fn now_ts() -> String {
-    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+    ts_of(SystemTime::now())
+}
+
+/// A moment as messages write it (RFC 3339 UTC, milliseconds).
+pub fn ts_of(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -640,6 +645,14 @@ impl Publisher {
                 let image = match &job.image {
                     ImageRef::Path(p) => FrameImage::Path { path: p.to_string_lossy().into_owned(), w, h },
                     ImageRef::Id(i) => FrameImage::Id { id: i.clone(), w, h },
+                    ImageRef::Frame(m) => FrameImage::Stream {
+                        stream: job.source.to_string(),
+                        frame: m.index,
+                        pts_ms: m.pts_ns.map(|ns| round3(ns as f64 / 1e6)),
+                        capture_ts: ts_of(m.capture),
+                        w,
+                        h,
+                    },
                 };
                 let mut v = messages::Detections {
                     v: messages::VERSION,
@@ -651,11 +664,18 @@ impl Publisher {
                     image,
                     model: model.to_string(),
                     batch_size,
-                    latency_ms: FrameLatency { decode: round3(decode_ms), infer: round3(infer_ms), post: 0.0 },
+                    latency_ms: FrameLatency { decode: round3(decode_ms), infer: round3(infer_ms), post: 0.0, capture_to_publish: None },
                     detections,
                 };
                 let post = t.elapsed().as_secs_f64() * 1e3;
                 v.latency_ms.post = round3(post);
+                if let ImageRef::Frame(m) = &job.image {
+                    let ms = m.captured_at.elapsed().as_secs_f64() * 1e3;
+                    v.latency_ms.capture_to_publish = Some(round3(ms));
+                    if let Some(s) = self.p.stats.stream(&job.source) {
+                        s.record_published(ms);
+                    }
+                }
                 self.p.stats.record(Stage::Post, post);
                 let msg = Msg {
                     topic: self.topic(&format!("detections/{}", job.source)),
@@ -677,6 +697,7 @@ impl Publisher {
                 let image = match &job.image {
                     ImageRef::Path(p) => ImageName::Path { path: p.to_string_lossy().into_owned() },
                     ImageRef::Id(i) => ImageName::Id { id: i.clone() },
+                    ImageRef::Frame(m) => ImageName::Stream { stream: job.source.to_string(), frame: m.index },
                 };
                 let moved = job.completion.failed(&format!("{stage}: {reason}"));
                 if let Err(e) = &moved {

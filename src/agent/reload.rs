@@ -224,13 +224,16 @@ pub(super) async fn watch_config(
         let restart = old.restart_required(&new);
         let mut applied = new.clone();
         applied.device = old.device.clone();
-        applied.sources = old.sources.clone();
+        // folder and MQTT sources need a restart; streams follow the edit (the stream manager
+        // starts, stops and restarts the ones that changed)
+        applied.sources = old.fixed_sources().cloned().chain(new.streams().cloned().map(config::SourceConfig::Stream)).collect();
         applied.spool = old.spool.clone();
         applied.input = old.input;
         applied.inject_oom = old.inject_oom;
         applied.mqtt.device_id = old.mqtt.device_id.clone();
         applied.mqtt.prefix = old.mqtt.prefix.clone();
         applied.model_load_delay = old.model_load_delay;
+        applied.infer_delay = old.infer_delay;
         applied.metrics = old.metrics.clone();
         if applied.model.path != old.model.path || applied.model.sha256 != old.model.sha256 {
             // not ready until the inference thread runs the new model (it sets this back)
@@ -295,6 +298,9 @@ fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
     }
     if a.shutdown_grace != b.shutdown_grace {
         v.push("shutdown");
+    }
+    if !a.streams().eq(b.streams()) {
+        v.push("sources.streams");
     }
     v
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -242,6 +242,93 @@ pub struct Stats {
     histograms: [LatencyHistogram; 6],
     /// Pictures by source and result, at most [`MAX_SOURCE_LABELS`] sources (then `other`).
     frames_by_source: Mutex<BTreeMap<(String, FrameResult), u64>>,
+    /// The configured camera and video streams (a stream removed from the config leaves).
+    streams: Mutex<BTreeMap<String, Arc<StreamStats>>>,
+}
+
+/// What a stream is doing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum StreamState {
+    Connecting = 0,
+    Running = 1,
+    Reconnecting = 2,
+    Ended = 3,
+}
+
+impl StreamState {
+    pub fn name(self) -> &'static str {
+        ["connecting", "running", "reconnecting", "ended"][self as usize]
+    }
+}
+
+/// One stream's counters, shared by its source thread, the pipeline and the publisher.
+#[derive(Default)]
+pub struct StreamStats {
+    pub kind: String,
+    pub decoder_requested: String,
+    /// The decoder element in use (set once the codec is known).
+    pub decoder: Mutex<Option<String>>,
+    state: std::sync::atomic::AtomicU8,
+    pub frames_in: AtomicU64,
+    pub dropped: AtomicU64,
+    pub skipped: AtomicU64,
+    pub published: AtomicU64,
+    pub reconnects: AtomicU64,
+    capture_to_publish: Mutex<VecDeque<f32>>,
+    capture_to_publish_hist: LatencyHistogram,
+}
+
+impl StreamStats {
+    pub fn new(kind: &str, decoder_requested: &str) -> Self {
+        Self { kind: kind.into(), decoder_requested: decoder_requested.into(), ..Self::default() }
+    }
+
+    pub fn set_state(&self, s: StreamState) {
+        self.state.store(s as u8, Relaxed);
+    }
+
+    pub fn state(&self) -> StreamState {
+        match self.state.load(Relaxed) {
+            1 => StreamState::Running,
+            2 => StreamState::Reconnecting,
+            3 => StreamState::Ended,
+            _ => StreamState::Connecting,
+        }
+    }
+
+    pub fn decoder(&self) -> Option<String> {
+        self.decoder.lock().ok().and_then(|d| d.clone())
+    }
+
+    /// One frame's detections published, `ms` after its capture.
+    pub fn record_published(&self, ms: f64) {
+        self.published.fetch_add(1, Relaxed);
+        self.capture_to_publish_hist.observe(ms / 1e3);
+        if let Ok(mut q) = self.capture_to_publish.lock() {
+            if q.len() == WINDOW {
+                q.pop_front();
+            }
+            q.push_back(ms as f32);
+        }
+    }
+
+    pub fn capture_to_publish(&self) -> Percentiles {
+        percentiles_of(self.capture_to_publish.lock().map(|q| q.iter().copied().collect()).unwrap_or_default())
+    }
+
+    pub fn capture_to_publish_histogram(&self) -> HistogramReading {
+        self.capture_to_publish_hist.read()
+    }
+}
+
+fn percentiles_of(mut v: Vec<f32>) -> Percentiles {
+    if v.is_empty() {
+        return Percentiles::default();
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let p = |q: f32| v[((v.len() - 1) as f32 * q).round() as usize];
+    Percentiles { p50: p(0.5), p90: p(0.9), p99: p(0.99) }
 }
 
 impl Stats {
@@ -313,13 +400,50 @@ impl Stats {
     }
 
     pub fn percentiles(&self, stage: Stage) -> Percentiles {
-        let mut v: Vec<f32> = self.latencies[stage as usize].lock().map(|q| q.iter().copied().collect()).unwrap_or_default();
-        if v.is_empty() {
-            return Percentiles::default();
+        percentiles_of(self.latencies[stage as usize].lock().map(|q| q.iter().copied().collect()).unwrap_or_default())
+    }
+
+    /// Registers a stream (a stream of the same id is replaced: its counters start again).
+    pub fn add_stream(&self, id: &str, s: Arc<StreamStats>) {
+        if let Ok(mut m) = self.streams.lock() {
+            m.insert(id.to_string(), s);
         }
-        v.sort_by(|a, b| a.total_cmp(b));
-        let p = |q: f32| v[((v.len() - 1) as f32 * q).round() as usize];
-        Percentiles { p50: p(0.5), p90: p(0.9), p99: p(0.99) }
+    }
+
+    /// Forgets a stream removed from the config.
+    pub fn remove_stream(&self, id: &str) {
+        if let Ok(mut m) = self.streams.lock() {
+            m.remove(id);
+        }
+    }
+
+    /// A stream's counters.
+    pub fn stream(&self, id: &str) -> Option<Arc<StreamStats>> {
+        self.streams.lock().ok().and_then(|m| m.get(id).cloned())
+    }
+
+    /// Every stream, by id.
+    pub fn streams(&self) -> Vec<(String, Arc<StreamStats>)> {
+        self.streams.lock().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default()
+    }
+
+    /// The streams as `telemetry` reports them.
+    pub fn stream_telemetry(&self) -> Vec<messages::StreamTelemetry> {
+        self.streams()
+            .into_iter()
+            .map(|(id, s)| messages::StreamTelemetry {
+                id,
+                kind: s.kind.clone(),
+                decoder: s.decoder(),
+                state: s.state().name().to_string(),
+                frames_in: s.frames_in.load(Relaxed),
+                dropped: s.dropped.load(Relaxed),
+                skipped: s.skipped.load(Relaxed),
+                published: s.published.load(Relaxed),
+                reconnects: s.reconnects.load(Relaxed),
+                capture_to_publish_ms: s.capture_to_publish(),
+            })
+            .collect()
     }
 }
 
@@ -424,6 +548,7 @@ pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, devi
             rejected: g(&stats.config_rejected),
             model_reloads: g(&stats.model_reloads),
         },
+        streams: stats.stream_telemetry(),
     }
 }
 

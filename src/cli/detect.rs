@@ -1,5 +1,6 @@
-//! `yolo-edge detect`: images in, JSON Lines / raw output / annotated pictures out. One bad
-//! picture gets its own error record; the others go on.
+//! `yolo-edge detect`: images and video files in, JSON Lines / raw output / annotated pictures
+//! out (a video: one record per frame, `{"video", "frame", "pts_ms", ...}`). One bad picture gets
+//! its own error record; the others go on.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -52,7 +53,8 @@ pub struct DetectArgs {
     /// Write each picture with its boxes drawn into this folder.
     #[arg(long)]
     annotate: Option<PathBuf>,
-    /// Images (JPEG, PNG, BMP, WebP).
+    /// Images (JPEG, PNG, BMP, WebP), and video files (.mp4, .mkv, .mov, .avi, .webm, .ts, .h264,
+    /// .h265: one output record per frame; needs a build with the `gstreamer` feature).
     #[arg(required = true)]
     images: Vec<PathBuf>,
     #[command(flatten)]
@@ -78,66 +80,32 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let limits = DecodeLimits::default();
-    let mut raws: Vec<Tensor> = Vec::new();
-    let mut failed = 0usize;
-    let mut total_dets = 0usize;
-    for chunk in a.images.chunks(a.batch) {
-        // decode + letterbox in parallel; keep per-picture errors
-        let prepared: Vec<Result<(image::RgbImage, Letterboxed), String>> = chunk
-            .par_iter()
-            .map(|p| {
-                let img = preprocess::load_image(p, &limits).map_err(|e| e.to_string())?;
-                let lb = preprocess::letterbox_fit(&img, a.imgsz as u32, a.fit);
-                Ok((img, lb))
-            })
-            .collect();
-        // one forward pass per input shape, in order of first appearance; records stay in input order
-        let ok: Vec<&Letterboxed> = prepared.iter().filter_map(|r| r.as_ref().ok().map(|(_, lb)| lb)).collect();
-        let mut shapes: Vec<(u32, u32)> = Vec::new();
-        for lb in &ok {
-            let s = (lb.geometry.in_w, lb.geometry.in_h);
-            if !shapes.contains(&s) {
-                shapes.push(s);
-            }
+    let mut out = Output { raws: Vec::new(), failed: 0, total: 0, dets: 0 };
+    let mut ctx = Ctx {
+        det: &det,
+        th: &th,
+        imgsz: a.imgsz as u32,
+        fit: a.fit,
+        raw_out: a.raw_out.is_some(),
+        annotate: a.annotate.as_deref(),
+        json: json.as_mut(),
+    };
+    let mut pictures: Vec<&PathBuf> = Vec::new();
+    for path in &a.images {
+        if !is_video(path) {
+            pictures.push(path);
+            continue;
         }
-        let mut by_picture: Vec<Option<Vec<yolo_edge::vision::postprocess::Detection>>> = vec![None; ok.len()];
-        for shape in shapes {
-            let idx: Vec<usize> = (0..ok.len()).filter(|&i| (ok[i].geometry.in_w, ok[i].geometry.in_h) == shape).collect();
-            let group: Vec<&Letterboxed> = idx.iter().map(|&i| ok[i]).collect();
-            let raw = det.raw(&group).context("forward pass")?;
-            let cands = det.candidates(&raw, th.conf)?;
-            if a.raw_out.is_some() {
-                raws.push(raw.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?);
-            }
-            for (c, &i) in cands.into_iter().zip(&idx) {
-                by_picture[i] = Some(yolo_edge::vision::postprocess::finish(c, &th, &ok[i].geometry, &det.info().names));
-            }
+        // pictures before the video keep their place in the output
+        for chunk in std::mem::take(&mut pictures).chunks(a.batch) {
+            ctx.pictures(chunk, &limits, &mut out)?;
         }
-        let mut results = by_picture.into_iter().map(Option::unwrap_or_default);
-        for (path, prep) in chunk.iter().zip(prepared) {
-            let record = match prep {
-                Err(e) => {
-                    failed += 1;
-                    eprintln!("error: {}: {e}", path.display());
-                    serde_json::json!({"image": path, "error": e})
-                }
-                Ok((mut img, _)) => {
-                    let dets = results.next().unwrap_or_default();
-                    total_dets += dets.len();
-                    if let Some(dir) = &a.annotate {
-                        annotate::draw(&mut img, &dets);
-                        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "image".into());
-                        let out = dir.join(format!("{name}.jpg"));
-                        img.save(&out).with_context(|| format!("writing {}", out.display()))?;
-                    }
-                    serde_json::json!({"image": path, "width": img.width(), "height": img.height(), "detections": dets})
-                }
-            };
-            if let Some(w) = json.as_mut() {
-                writeln!(w, "{record}")?;
-            }
-        }
+        ctx.video(path, a.batch, &mut out)?;
     }
+    for chunk in pictures.chunks(a.batch) {
+        ctx.pictures(chunk, &limits, &mut out)?;
+    }
+    let Output { raws, failed, total, dets: total_dets } = out;
     if let Some(w) = json.as_mut() {
         w.flush()?;
     }
@@ -152,6 +120,175 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
             Tensor::cat(&raws, 0)?.write_npy(p).with_context(|| format!("writing {}", p.display()))?;
         }
     }
-    eprintln!("{} image(s), {} failed, {} detection(s)", a.images.len(), failed, total_dets);
+    eprintln!("{total} picture(s) and frame(s), {failed} failed, {total_dets} detection(s)");
     Ok(if failed > 0 { ExitCode::from(super::exit::PARTIAL) } else { ExitCode::SUCCESS })
+}
+
+/// Video file name endings `detect` reads as video.
+pub const VIDEO_EXTENSIONS: &[&str] = &["mp4", "mkv", "mov", "avi", "webm", "ts", "m4v", "h264", "h265", "264", "265"];
+
+pub fn is_video(p: &std::path::Path) -> bool {
+    p.extension().and_then(|e| e.to_str()).is_some_and(|e| VIDEO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+struct Output {
+    raws: Vec<Tensor>,
+    failed: usize,
+    /// Pictures and frames.
+    total: usize,
+    dets: usize,
+}
+
+/// One picture or frame to detect on: the fields naming it in its record, and its pixels.
+struct Item {
+    name: serde_json::Map<String, serde_json::Value>,
+    /// The annotated picture's file name (without extension).
+    stem: String,
+    image: Result<image::RgbImage, String>,
+}
+
+struct Ctx<'a> {
+    det: &'a Detector,
+    th: &'a Thresholds,
+    imgsz: u32,
+    fit: preprocess::Fit,
+    raw_out: bool,
+    annotate: Option<&'a std::path::Path>,
+    json: Option<&'a mut Box<dyn Write>>,
+}
+
+impl Ctx<'_> {
+    fn pictures(&mut self, chunk: &[&PathBuf], limits: &DecodeLimits, out: &mut Output) -> anyhow::Result<()> {
+        let items = chunk
+            .par_iter()
+            .map(|p| {
+                let mut name = serde_json::Map::new();
+                name.insert("image".into(), serde_json::json!(p));
+                let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "image".into());
+                Item { name, stem, image: preprocess::load_image(p, limits).map_err(|e| e.to_string()) }
+            })
+            .collect();
+        self.run(items, out)
+    }
+
+    #[cfg(feature = "gstreamer")]
+    fn video(&mut self, path: &std::path::Path, batch: usize, out: &mut Output) -> anyhow::Result<()> {
+        use yolo_edge::media::{DecoderPref, VideoReader};
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "video".into());
+        let mut reader = match VideoReader::open(path, DecoderPref::Cpu) {
+            Ok(r) => r,
+            Err(e) => {
+                out.failed += 1;
+                eprintln!("error: {}: {e}", path.display());
+                return self.record(serde_json::json!({"video": path, "error": e.to_string()}));
+            }
+        };
+        let mut index = 0u64;
+        loop {
+            let mut items = Vec::with_capacity(batch);
+            let mut error = None;
+            for f in reader.by_ref() {
+                match f {
+                    Ok(f) => {
+                        let mut name = serde_json::Map::new();
+                        name.insert("video".into(), serde_json::json!(path));
+                        name.insert("frame".into(), serde_json::json!(index));
+                        name.insert("pts_ms".into(), serde_json::json!(f.pts_ns.map(|n| n as f64 / 1e6)));
+                        let image =
+                            image::RgbImage::from_raw(f.width, f.height, f.data).ok_or_else(|| "frame of the wrong size".to_string());
+                        items.push(Item { name, stem: format!("{stem}-{index:06}"), image });
+                        index += 1;
+                        if items.len() == batch {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            let last = items.len() < batch;
+            self.run(items, out)?;
+            if let Some(e) = error {
+                out.failed += 1;
+                eprintln!("error: {}: frame {index}: {e}", path.display());
+                return self.record(serde_json::json!({"video": path, "frame": index, "error": e.to_string()}));
+            }
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    #[cfg(not(feature = "gstreamer"))]
+    fn video(&mut self, path: &std::path::Path, _batch: usize, out: &mut Output) -> anyhow::Result<()> {
+        out.failed += 1;
+        let e = "reading video needs a yolo-edge built with the `gstreamer` feature";
+        eprintln!("error: {}: {e}", path.display());
+        self.record(serde_json::json!({"video": path, "error": e}))
+    }
+
+    fn record(&mut self, r: serde_json::Value) -> anyhow::Result<()> {
+        if let Some(w) = self.json.as_mut() {
+            writeln!(w, "{r}")?;
+        }
+        Ok(())
+    }
+
+    /// Letterboxes, runs (one forward pass per input shape) and writes one record per item, in
+    /// order.
+    fn run(&mut self, items: Vec<Item>, out: &mut Output) -> anyhow::Result<()> {
+        let (imgsz, fit) = (self.imgsz, self.fit);
+        let prepared: Vec<Option<Letterboxed>> =
+            items.par_iter().map(|it| it.image.as_ref().ok().map(|img| preprocess::letterbox_fit(img, imgsz, fit))).collect();
+        let ok: Vec<&Letterboxed> = prepared.iter().flatten().collect();
+        let mut shapes: Vec<(u32, u32)> = Vec::new();
+        for lb in &ok {
+            let s = (lb.geometry.in_w, lb.geometry.in_h);
+            if !shapes.contains(&s) {
+                shapes.push(s);
+            }
+        }
+        let mut by_picture: Vec<Option<Vec<yolo_edge::vision::postprocess::Detection>>> = vec![None; ok.len()];
+        for shape in shapes {
+            let idx: Vec<usize> = (0..ok.len()).filter(|&i| (ok[i].geometry.in_w, ok[i].geometry.in_h) == shape).collect();
+            let group: Vec<&Letterboxed> = idx.iter().map(|&i| ok[i]).collect();
+            let raw = self.det.raw(&group).context("forward pass")?;
+            let cands = self.det.candidates(&raw, self.th.conf)?;
+            if self.raw_out {
+                out.raws.push(raw.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?);
+            }
+            for (c, &i) in cands.into_iter().zip(&idx) {
+                by_picture[i] = Some(yolo_edge::vision::postprocess::finish(c, self.th, &ok[i].geometry, &self.det.info().names));
+            }
+        }
+        let mut results = by_picture.into_iter().map(Option::unwrap_or_default);
+        for it in items {
+            out.total += 1;
+            let mut record = it.name;
+            match it.image {
+                Err(e) => {
+                    out.failed += 1;
+                    let name = record.values().next().map(|v| v.to_string()).unwrap_or_default();
+                    eprintln!("error: {name}: {e}");
+                    record.insert("error".into(), serde_json::json!(e));
+                }
+                Ok(mut img) => {
+                    let dets = results.next().unwrap_or_default();
+                    out.dets += dets.len();
+                    if let Some(dir) = self.annotate {
+                        annotate::draw(&mut img, &dets);
+                        let path = dir.join(format!("{}.jpg", it.stem));
+                        img.save(&path).with_context(|| format!("writing {}", path.display()))?;
+                    }
+                    record.insert("width".into(), serde_json::json!(img.width()));
+                    record.insert("height".into(), serde_json::json!(img.height()));
+                    record.insert("detections".into(), serde_json::json!(dets));
+                }
+            }
+            self.record(serde_json::Value::Object(record))?;
+        }
+        Ok(())
+    }
 }

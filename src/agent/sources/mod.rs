@@ -1,6 +1,9 @@
 //! Input sources: a hot folder and an MQTT image topic, each with its own id, feeding the
-//! pipeline's bounded intake (a full intake pauses them).
+//! pipeline's bounded intake (a full intake pauses them); and, with feature `gstreamer`, camera
+//! and video streams (`camera`), whose frames wait in the pipeline's per-stream slots.
 
+#[cfg(feature = "gstreamer")]
+pub mod camera;
 pub mod folder;
 pub mod mqtt;
 
