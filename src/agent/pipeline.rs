@@ -346,11 +346,13 @@ impl Batcher {
                 }
                 token = true;
             }
-            let target = self.stats.batch_current.load(Relaxed).max(1) as usize;
+            // the working batch size, read afresh at every step: it may fall (out of memory, memory
+            // high) while the batcher waits for the first picture
+            let target = || self.stats.batch_current.load(Relaxed).max(1) as usize;
             let mut items: Vec<Decoded> = Vec::new();
             // frames already waiting start the batch (a slot that stays full sends no wake);
             // otherwise the first picture or wake does
-            let mut frames: Vec<Job> = self.hub.take(target, &[]);
+            let mut frames: Vec<Job> = self.hub.take(target(), &[]);
             let mut in_batch: Vec<Arc<str>> = frames.iter().map(|j| j.source.clone()).collect();
             if frames.is_empty() {
                 match self.ordered.recv() {
@@ -361,6 +363,7 @@ impl Batcher {
             }
             let deadline = Instant::now() + self.max_wait;
             loop {
+                let target = target();
                 let have = items.iter().filter(|d| d.result.is_ok()).count() + frames.len();
                 if have < target {
                     let got = self.hub.take(target - have, &in_batch);
