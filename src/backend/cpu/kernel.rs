@@ -230,18 +230,16 @@ unsafe fn dispatch(
 /// `i * ldc + j`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block(kc: usize, a: &[f32], b: &[f32], c: *mut f32, ldc: usize, accumulate: bool, m: usize, n: usize, epi: Option<Epilogue>) {
+    debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR && (1..=MR).contains(&m) && n <= NR);
+    #[cfg(target_arch = "x86_64")]
     // SAFETY: forwarded from the caller (see # Safety).
     unsafe {
-        debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR && (1..=MR).contains(&m) && n <= NR);
-        #[cfg(target_arch = "x86_64")]
-        {
-            dispatch(kc, a.as_ptr(), b.as_ptr(), c, ldc, accumulate, m, n, epi)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (kc, a, b, c, ldc, accumulate, m, n, epi);
-            unreachable!("cpukernel::block without AVX2")
-        }
+        dispatch(kc, a.as_ptr(), b.as_ptr(), c, ldc, accumulate, m, n, epi)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kc, a, b, c, ldc, accumulate, m, n, epi);
+        unreachable!("cpukernel::block without AVX2")
     }
 }
 
@@ -307,6 +305,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn vector_silu_matches_scalar() {
         if !available() {
             return;
