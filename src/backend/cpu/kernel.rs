@@ -78,8 +78,9 @@ pub fn available() -> bool {
 }
 
 /// What the last reduction pass applies before storing: `act(v + bias[i]) (+ res[i * ldc + j])`
-/// (`res` laid out like the output block).
+/// (`res` laid out like the output block). Read by the AVX2 kernel only.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct Epilogue {
     pub bias: *const f32,
     pub act: bool,
