@@ -39,15 +39,12 @@ impl Reading {
     pub fn from_memory(mem: &DeviceMemory, cfg: &WatchdogConfig) -> Option<Self> {
         match cfg.memory_limit {
             Some(limit) => Some(Self { scope: MemoryScope::Process, used: mem.process_reserved?, limit, limit_name: CONFIG_LIMIT.into() }),
-            None => {
-                let (total, free) = (mem.total?, mem.free?);
-                Some(Self {
-                    scope: MemoryScope::Device,
-                    used: total.saturating_sub(free),
-                    limit: total,
-                    limit_name: mem.limit.clone().unwrap_or_else(|| "device".into()),
-                })
-            }
+            None => Some(Self {
+                scope: MemoryScope::Device,
+                used: mem.used?,
+                limit: mem.total?,
+                limit_name: mem.limit.clone().unwrap_or_else(|| "device".into()),
+            }),
         }
     }
 
