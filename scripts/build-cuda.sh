@@ -2,8 +2,10 @@
 # scripts/build-cuda.sh — release build of yolo-edge with CUDA (optionally cuDNN) for one GPU
 # architecture, stripped and xz-compressed into dist/ (git-ignored).
 #
-# Usage:  scripts/build-cuda.sh [COMPUTE_CAP] [--cudnn]
+# Usage:  scripts/build-cuda.sh [COMPUTE_CAP] [--cudnn] [--gstreamer]
 #   COMPUTE_CAP: 90 H100/H200 (default), 89 Ada, 87 Jetson Orin, 86/80 Ampere.
+#   --gstreamer: with camera and video sources (feature `gstreamer`); the binary then also needs
+#   the GStreamer 1.22+ libraries on the target (docs/cameras.md).
 # Needs the toolchain of scripts/setup-cuda-build.sh (run it once; it is idempotent).
 # Output: dist/yolo-edge-cuda-sm<CAP>[-cudnn] and the same with .xz (about 5 MB).
 # With the device-memory arena (feature `arena`, cudarc patched at build time) unless NO_ARENA=1.
@@ -14,12 +16,19 @@ cd "$(dirname "$0")/.."
 CAP="${1:-${CUDA_COMPUTE_CAP:-90}}"
 FEATURES=cuda
 SUFFIX=""
-for a in "$@"; do
-  [ "$a" = "--cudnn" ] && { FEATURES=cudnn; SUFFIX="-cudnn"; }
+GST=""
+CUDNN=""
+for a in "${@:2}"; do
+  case "$a" in
+    --cudnn) FEATURES=cudnn; CUDNN=1; SUFFIX="-cudnn" ;;
+    --gstreamer) GST=1 ;;
+    *) echo "build-cuda.sh: unknown option '$a' (--cudnn, --gstreamer)" >&2; exit 2 ;;
+  esac
 done
+if [ -n "$GST" ]; then FEATURES="$FEATURES,gstreamer"; SUFFIX="$SUFFIX-gst"; fi
 case "$CAP" in 80|86|87|89|90) ;; *) echo "unsupported compute capability '$CAP' (80 86 87 89 90)" >&2; exit 2;; esac
 PREFIX="${CUDA_WHEEL_PREFIX:-/opt/cuda-13.0-wheels}"
-if [ "$FEATURES" = cudnn ]; then
+if [ -n "$CUDNN" ]; then
   # the toolchain without cuDNN (a plain setup run) cannot link the cuDNN build
   [ -f "$PREFIX/env.sh" ] && [ -e "$PREFIX/nvidia/cu13/lib/libcudnn.so" ] || WITH_CUDNN=1 bash scripts/setup-cuda-build.sh "$CAP"
 else

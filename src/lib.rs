@@ -48,7 +48,7 @@ mod layering {
         ("detector", &["model", "weights", "backend", "vision", "units", "env", "files"]),
         ("planner", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
         ("bench", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
-        ("eval", &["detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
+        ("eval", &["detector", "model", "weights", "backend", "vision", "media", "units", "env", "files"]),
         ("agent", &["media", "planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
         ("demo", &["agent", "media", "eval", "planner", "detector", "model", "weights", "backend", "vision", "units", "env", "files"]),
     ];

@@ -608,6 +608,77 @@ fn video_file_fast_pacing_publishes_every_frame_then_ends() {
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
 
+/// `eval` on a video (frame N of `images/clip.mp4` labelled by `labels/clip/N.txt`) reports
+/// exactly what `eval` reports on the same frames decoded to PNG files beside their labels, and
+/// finds the drawn objects; a malformed label file skips its frame only, and label files past
+/// the video's end are reported.
+#[test]
+fn eval_on_a_video_equals_eval_on_its_decoded_frames() {
+    if gstreamer().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    const N: usize = 24;
+    let (clip, truth) = scene_clip(tmp.path(), "h264", N, 3, 25);
+    let labels = |objects: &[DrawnObject]| -> String {
+        objects
+            .iter()
+            .map(|o| {
+                let [x1, y1, x2, y2] = o.bbox.map(|v| v / 416.0);
+                format!("{} {:.6} {:.6} {:.6} {:.6}\n", o.shape.class_id(), (x1 + x2) / 2.0, (y1 + y2) / 2.0, x2 - x1, y2 - y1)
+            })
+            .collect()
+    };
+    // the video with a label folder; the same frames as PNG files with label files
+    let (a, b) = (tmp.path().join("video"), tmp.path().join("frames"));
+    for d in ["images", "labels/clip"] {
+        std::fs::create_dir_all(a.join(d)).unwrap();
+    }
+    for d in ["images", "labels"] {
+        std::fs::create_dir_all(b.join(d)).unwrap();
+    }
+    std::fs::copy(&clip, a.join("images/clip.mp4")).unwrap();
+    gst_launch(&format!(
+        "filesrc location={} ! qtdemux ! h264parse ! avdec_h264 ! videoconvert ! video/x-raw,format=RGB ! pngenc ! multifilesink location={}/images/f%06d.png",
+        clip.display(),
+        b.display()
+    ));
+    for (i, objects) in truth.iter().enumerate() {
+        // frame 5: a malformed label file (3 values), skipped in both
+        let text = if i == 5 { "0 0.5 0.5\n".to_string() } else { labels(objects) };
+        std::fs::write(a.join(format!("labels/clip/{i:06}.txt")), &text).unwrap();
+        std::fs::write(b.join(format!("labels/f{i:06}.txt")), &text).unwrap();
+    }
+    std::fs::write(a.join("labels/clip/000500.txt"), labels(&truth[0])).unwrap();
+    let eval = |root: &Path| -> serde_json::Value {
+        let json = root.join("report.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+            .args(["eval", "--device", "cpu", "--imgsz", "416", "--batch", "4", "--model"])
+            .arg(manifest().join("models/yolov9t-shapes.safetensors"))
+            .arg("--data")
+            .arg(root)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "skipped entries exit 3: {stderr}");
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let (video, frames) = (eval(&a), eval(&b));
+    eprintln!("video: {} frames, mAP50 {}, mAP50-95 {}", video["images"], video["map50"], video["map50_95"]);
+    assert_eq!(video["images"], (N - 1) as u64, "{video}");
+    for k in ["images", "instances", "precision", "recall", "map50", "map50_95", "classes"] {
+        assert_eq!(video[k], frames[k], "{k}: video {video} frames {frames}");
+    }
+    assert!(video["map50"].as_f64().unwrap() >= 0.9, "{video}");
+    let skipped = video["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 2, "{video}");
+    assert_eq!((skipped[0]["frame"].as_u64(), skipped[0]["reason"].as_str().unwrap().contains("line 1")), (Some(5), true), "{video}");
+    assert!(skipped[1]["frame"].is_null() && skipped[1]["reason"].as_str().unwrap().contains("past the video's last frame"), "{video}");
+    assert_eq!(frames["skipped"].as_array().unwrap().len(), 1, "{frames}");
+}
+
 /// How many 1080p 25 fps streams this machine sustains end to end with the default model
 /// (BENCHMARKS.md, "Cameras"): a 1080p H.264 file read with `pacing = "fast"` through the agent
 /// (decode, letterbox, the shapes model at imgsz 416, batch 4, MQTT); frames per second from the

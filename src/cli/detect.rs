@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use yolo_edge::backend::device;
 use yolo_edge::detector::Detector;
+use yolo_edge::eval::dataset::is_video;
 use yolo_edge::vision::annotate;
 use yolo_edge::vision::postprocess::Thresholds;
 use yolo_edge::vision::preprocess::{self, DecodeLimits, Letterboxed};
@@ -122,13 +123,6 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{total} picture(s) and frame(s), {failed} failed, {total_dets} detection(s)");
     Ok(if failed > 0 { ExitCode::from(super::exit::PARTIAL) } else { ExitCode::SUCCESS })
-}
-
-/// Video file name endings `detect` reads as video.
-pub const VIDEO_EXTENSIONS: &[&str] = &["mp4", "mkv", "mov", "avi", "webm", "ts", "m4v", "h264", "h265", "264", "265"];
-
-pub fn is_video(p: &std::path::Path) -> bool {
-    p.extension().and_then(|e| e.to_str()).is_some_and(|e| VIDEO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
 }
 
 struct Output {

@@ -19,6 +19,8 @@ pub struct EvalArgs {
     #[arg(long)]
     model: PathBuf,
     /// A data.yaml, a folder holding one, or a folder with images/<split>/ (or images/) and labels/.
+    /// Video files among the images are evaluated frame by frame, frame N of images/clip.mp4
+    /// labelled by labels/clip/N.txt (needs the `gstreamer` feature).
     #[arg(long)]
     data: PathBuf,
     /// Split to evaluate (a key of data.yaml, or the folder under images/).
@@ -68,9 +70,10 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
         );
     }
     eprintln!(
-        "evaluating {} on {} images of `{}` ({}) at {}x{}, {} {}",
+        "evaluating {} on {} images{} of `{}` ({}) at {}x{}, {} {}",
         a.model.display(),
         ds.samples.len(),
+        if ds.videos.is_empty() { String::new() } else { format!(" and the frames of {} video(s)", ds.videos.len()) },
         ds.split,
         ds.root.display(),
         det.imgsz(),
@@ -80,20 +83,31 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
     );
     let opts =
         EvalOptions { thresholds: Thresholds { conf: a.conf, iou: a.iou, max_det: a.max_det }, batch: a.batch, ..Default::default() };
+    let total_unknown = !ds.videos.is_empty();
     let mut last_pct = 0;
-    let mut progress = |done: usize, total: usize| {
-        let pct = done * 10 / total.max(1);
-        if pct > last_pct {
-            last_pct = pct;
-            eprint!("\r{done}/{total} images");
-            if done == total {
-                eprintln!();
+    let mut progress = |done: usize, total: Option<usize>| match total {
+        Some(total) => {
+            let pct = done * 10 / total.max(1);
+            if pct > last_pct {
+                last_pct = pct;
+                eprint!("\r{done}/{total} images");
+                if done == total {
+                    eprintln!();
+                }
             }
         }
+        None if done >= last_pct + 100 => {
+            last_pct = done;
+            eprint!("\r{done} images and frames");
+        }
+        None => {}
     };
     let report = eval::evaluate(&det, &ds, &opts, &mut progress)?;
+    if total_unknown {
+        eprintln!();
+    }
     for s in &report.skipped {
-        eprintln!("skipped {}: {}", s.image.display(), s.reason);
+        eprintln!("skipped {s}");
     }
     let to_stdout = a.json.as_ref().is_some_and(|p| p.as_os_str() == "-");
     let table = format_table(&report);

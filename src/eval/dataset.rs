@@ -1,11 +1,21 @@
 //! YOLO-format datasets as ultralytics reads them: a `data.yaml` (the subset of YAML such files
 //! use) or a folder of `images/` and `labels/`; one `class cx cy w h` line per object,
-//! normalised, or a polygon `class x1 y1 x2 y2 ...` (its bounding box is used).
+//! normalised, or a polygon `class x1 y1 x2 y2 ...` (its bounding box is used). A split may also
+//! hold video files: frame N of `images/clip.mp4` is labelled by `labels/clip/N.txt` (N counted
+//! from 0, any zero padding), each frame evaluated as a picture.
 
 use std::path::{Path, PathBuf};
 
 /// Image extensions that are evaluated (what the decoder supports).
 pub const IMAGE_EXTENSIONS: [&str; 5] = ["jpg", "jpeg", "png", "bmp", "webp"];
+
+/// Video file name endings read as video (frames decoded through GStreamer, feature `gstreamer`).
+pub const VIDEO_EXTENSIONS: &[&str] = &["mp4", "mkv", "mov", "avi", "webm", "ts", "m4v", "h264", "h265", "264", "265"];
+
+/// Whether `p` names a video file (by its ending).
+pub fn is_video(p: &Path) -> bool {
+    p.extension().and_then(|e| e.to_str()).is_some_and(|e| VIDEO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
@@ -17,7 +27,7 @@ pub enum DatasetError {
     MissingSplit(PathBuf, String),
     #[error("no dataset at {0}: expected a data.yaml, DIR/data.yaml, DIR/images/<split>/ or DIR/images/")]
     NotFound(PathBuf),
-    #[error("no images (jpg, jpeg, png, bmp, webp) in {0}")]
+    #[error("no images (jpg, jpeg, png, bmp, webp) or videos (mp4, mkv, mov, ...) in {0}")]
     NoImages(PathBuf),
 }
 
@@ -50,13 +60,45 @@ pub struct Sample {
     pub labels: PathBuf,
 }
 
-/// The images of one split and the dataset's class names (empty when it declares none).
+/// A video file of a split and the folder of its frames' label files (`labels/clip/N.txt`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoSample {
+    pub video: PathBuf,
+    pub labels: PathBuf,
+}
+
+impl VideoSample {
+    /// The label file of each frame that has one, by frame index: files named by a number (any
+    /// zero padding) with the `.txt` ending; other files in the folder are not labels. A
+    /// missing folder means no frame has objects, as a missing label file does for a picture.
+    pub fn frame_labels(&self) -> Result<std::collections::BTreeMap<u64, PathBuf>, DatasetError> {
+        let mut out = std::collections::BTreeMap::new();
+        let rd = match std::fs::read_dir(&self.labels) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(source) => return Err(DatasetError::Io { path: self.labels.clone(), source }),
+        };
+        for e in rd {
+            let p = e.map_err(|source| DatasetError::Io { path: self.labels.clone(), source })?.path();
+            if p.extension().is_some_and(|e| e == "txt") {
+                if let Some(i) = p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u64>().ok()) {
+                    out.insert(i, p);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The images and videos of one split and the dataset's class names (empty when it declares
+/// none).
 #[derive(Debug, Clone)]
 pub struct Dataset {
     pub root: PathBuf,
     pub split: String,
     pub names: Vec<String>,
     pub samples: Vec<Sample>,
+    pub videos: Vec<VideoSample>,
 }
 
 impl Dataset {
@@ -74,7 +116,10 @@ impl Dataset {
         }
         let images = [path.join("images").join(split), path.join("images")].into_iter().find(|p| p.is_dir());
         match images {
-            Some(dir) => Ok(Self { root: path.to_path_buf(), split: split.into(), names: vec![], samples: list_images(&dir)? }),
+            Some(dir) => {
+                let (samples, videos) = list_images(&dir)?;
+                Ok(Self { root: path.to_path_buf(), split: split.into(), names: vec![], samples, videos })
+            }
             None => Err(DatasetError::NotFound(path.to_path_buf())),
         }
     }
@@ -93,8 +138,8 @@ impl Dataset {
         let entry = cfg.splits.iter().find(|(k, _)| k == split).map(|(_, v)| v.clone());
         let entry = entry.ok_or_else(|| DatasetError::MissingSplit(yaml.into(), split.into()))?;
         let target = root.join(&entry);
-        let samples = if target.is_file() { list_from_txt(&target, &root)? } else { list_images(&target)? };
-        Ok(Self { root, split: split.into(), names: cfg.names, samples })
+        let (samples, videos) = if target.is_file() { list_from_txt(&target, &root)? } else { list_images(&target)? };
+        Ok(Self { root, split: split.into(), names: cfg.names, samples, videos })
     }
 }
 
@@ -114,8 +159,21 @@ fn is_image(p: &Path) -> bool {
     p.extension().and_then(|e| e.to_str()).is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
 }
 
-/// Every image under `dir`, recursively, sorted by path.
-fn list_images(dir: &Path) -> Result<Vec<Sample>, DatasetError> {
+/// Images and videos, each sorted by path, with where their labels live.
+fn samples(mut files: Vec<PathBuf>, at: &Path) -> Result<(Vec<Sample>, Vec<VideoSample>), DatasetError> {
+    if files.is_empty() {
+        return Err(DatasetError::NoImages(at.into()));
+    }
+    files.sort();
+    let (videos, images): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(|p| is_video(p));
+    Ok((
+        images.into_iter().map(|image| Sample { labels: label_path(&image), image }).collect(),
+        videos.into_iter().map(|video| VideoSample { labels: label_path(&video).with_extension(""), video }).collect(),
+    ))
+}
+
+/// Every image and video under `dir`, recursively.
+fn list_images(dir: &Path) -> Result<(Vec<Sample>, Vec<VideoSample>), DatasetError> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -124,22 +182,19 @@ fn list_images(dir: &Path) -> Result<Vec<Sample>, DatasetError> {
             let p = e.map_err(|source| DatasetError::Io { path: d.clone(), source })?.path();
             if p.is_dir() {
                 stack.push(p);
-            } else if is_image(&p) {
+            } else if is_image(&p) || is_video(&p) {
                 out.push(p);
             }
         }
     }
-    if out.is_empty() {
-        return Err(DatasetError::NoImages(dir.into()));
-    }
-    out.sort();
-    Ok(out.into_iter().map(|image| Sample { labels: label_path(&image), image }).collect())
+    samples(out, dir)
 }
 
-/// Images listed one per line in a .txt file (relative lines are relative to the dataset root).
-fn list_from_txt(txt: &Path, root: &Path) -> Result<Vec<Sample>, DatasetError> {
+/// Images and videos listed one per line in a .txt file (relative lines are relative to the
+/// dataset root).
+fn list_from_txt(txt: &Path, root: &Path) -> Result<(Vec<Sample>, Vec<VideoSample>), DatasetError> {
     let text = std::fs::read_to_string(txt).map_err(|source| DatasetError::Io { path: txt.into(), source })?;
-    let mut out: Vec<PathBuf> = text
+    let out: Vec<PathBuf> = text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
@@ -151,13 +206,9 @@ fn list_from_txt(txt: &Path, root: &Path) -> Result<Vec<Sample>, DatasetError> {
                 root.join(p)
             }
         })
-        .filter(|p| is_image(p))
+        .filter(|p| is_image(p) || is_video(p))
         .collect();
-    if out.is_empty() {
-        return Err(DatasetError::NoImages(txt.into()));
-    }
-    out.sort();
-    Ok(out.into_iter().map(|image| Sample { labels: label_path(&image), image }).collect())
+    samples(out, txt)
 }
 
 /// Parses a label file's text. Duplicate rows are dropped (as the reference does); any
@@ -359,6 +410,37 @@ mod tests {
     fn label_paths_swap_the_last_images_folder() {
         let p = label_path(Path::new("/data/images/set/images/test/0001.jpg"));
         assert_eq!(p, Path::new("/data/images/set/labels/test/0001.txt"));
+    }
+
+    #[test]
+    fn videos_are_listed_apart_with_a_label_folder_per_clip() {
+        let d = tempfile::tempdir().unwrap();
+        let images = d.path().join("images/test");
+        std::fs::create_dir_all(&images).unwrap();
+        for f in ["b.jpg", "a.png", "clip.MP4", "notes.md"] {
+            std::fs::write(images.join(f), b"").unwrap();
+        }
+        let labels = d.path().join("labels/test/clip");
+        std::fs::create_dir_all(&labels).unwrap();
+        for f in ["000000.txt", "7.txt", "00012.txt", "classes.txt", "3.json"] {
+            std::fs::write(labels.join(f), b"").unwrap();
+        }
+        let ds = Dataset::open(d.path(), "test").unwrap();
+        let names: Vec<_> = ds.samples.iter().map(|s| s.image.file_name().unwrap().to_str().unwrap()).collect();
+        assert_eq!(names, ["a.png", "b.jpg"]);
+        assert_eq!(ds.videos, vec![VideoSample { video: images.join("clip.MP4"), labels: labels.clone() }]);
+        let frames = ds.videos[0].frame_labels().unwrap();
+        assert_eq!(frames.keys().copied().collect::<Vec<_>>(), [0, 7, 12]);
+        assert_eq!(frames[&12], labels.join("00012.txt"));
+        // no label folder: every frame a background picture
+        let none = VideoSample { video: images.join("clip.MP4"), labels: d.path().join("labels/none") };
+        assert!(none.frame_labels().unwrap().is_empty());
+        // a split of videos only is a split
+        let v = d.path().join("v/images");
+        std::fs::create_dir_all(&v).unwrap();
+        std::fs::write(v.join("x.mkv"), b"").unwrap();
+        let ds = Dataset::open(&d.path().join("v"), "test").unwrap();
+        assert!(ds.samples.is_empty() && ds.videos.len() == 1);
     }
 
     #[test]

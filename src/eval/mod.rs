@@ -1,13 +1,14 @@
 //! Model evaluation on a YOLO-format dataset (`yolo-edge eval`): mAP50, mAP50-95, precision and
 //! recall per class, computed the way ultralytics' `val` computes them (multi-label NMS at
 //! conf 0.001 / IoU 0.7, matching in letterboxed pixels, `metrics` for the rest). Images are
-//! decoded in parallel one batch ahead of the forward pass.
+//! decoded in parallel one batch ahead of the forward pass; a split's video files follow, their
+//! frames decoded in order through `media` (feature `gstreamer`) and evaluated as pictures.
 
 pub mod dataset;
 pub mod metrics;
 
-use std::path::PathBuf;
-use std::sync::mpsc::sync_channel;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -17,7 +18,7 @@ use serde::Serialize;
 use crate::detector::Detector;
 use crate::vision::postprocess::{self, Candidate, Thresholds};
 use crate::vision::preprocess::{self, DecodeLimits, Letterboxed};
-use dataset::{Dataset, DatasetError, Label, Sample};
+use dataset::{Dataset, DatasetError, Label, Sample, VideoSample};
 use metrics::{LabeledBox, ScoredPrediction};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,11 +48,25 @@ impl Default for EvalOptions {
     }
 }
 
-/// An image left out of the metrics, and why (unreadable picture or invalid label file).
+/// An image or video frame left out of the metrics, and why (unreadable picture or video,
+/// invalid label file).
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {
+    /// The picture, or the video file.
     pub image: PathBuf,
+    /// The frame of a video (from 0); absent for a picture, and for a whole video.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame: Option<u64>,
     pub reason: String,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.frame {
+            Some(i) => write!(f, "{} frame {i}: {}", self.image.display(), self.reason),
+            None => write!(f, "{}: {}", self.image.display(), self.reason),
+        }
+    }
 }
 
 /// The metrics of one class that has labelled objects.
@@ -75,7 +90,7 @@ pub struct EvalReport {
     pub imgsz: usize,
     pub conf: f32,
     pub iou: f32,
-    /// Images evaluated.
+    /// Images and video frames evaluated.
     pub images: usize,
     pub instances: usize,
     pub precision: f64,
@@ -96,15 +111,73 @@ struct Prepared {
     labels: Vec<Label>,
 }
 
+/// The labels of one picture or frame; a missing file means no objects (a background image).
+fn read_labels(path: &Path, nc: Option<usize>) -> Result<Vec<Label>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => dataset::parse_labels(&text, nc).map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
 fn prepare(s: &Sample, imgsz: u32, nc: Option<usize>, limits: &DecodeLimits) -> Result<Prepared, Skipped> {
-    let skip = |reason: String| Skipped { image: s.image.clone(), reason };
-    let labels = match std::fs::read_to_string(&s.labels) {
-        Ok(text) => dataset::parse_labels(&text, nc).map_err(|e| skip(format!("{}: {e}", s.labels.display())))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![], // background image
-        Err(e) => return Err(skip(format!("{}: {e}", s.labels.display()))),
-    };
+    let skip = |reason: String| Skipped { image: s.image.clone(), frame: None, reason };
+    let labels = read_labels(&s.labels, nc).map_err(skip)?;
     let img = preprocess::load_image(&s.image, limits).map_err(|e| skip(e.to_string()))?;
     Ok(Prepared { lb: preprocess::letterbox(&img, imgsz), labels })
+}
+
+/// Sends the frames of `v`, letterboxed with their labels, in batches of `batch`; false when
+/// the consumer stopped. An unreadable video or a decode error mid-way becomes one [`Skipped`]
+/// (the frames before it are kept); label files naming frames past the video's end are
+/// reported, since their objects would otherwise be silently left out.
+#[cfg(feature = "gstreamer")]
+fn send_video(v: &VideoSample, batch: usize, imgsz: u32, nc: Option<usize>, tx: &SyncSender<Vec<Result<Prepared, Skipped>>>) -> bool {
+    use crate::media::{DecoderPref, VideoReader};
+    let skip = |frame: Option<u64>, reason: String| Skipped { image: v.video.clone(), frame, reason };
+    let labels = match v.frame_labels() {
+        Ok(l) => l,
+        Err(e) => return tx.send(vec![Err(skip(None, e.to_string()))]).is_ok(),
+    };
+    let reader = match VideoReader::open(&v.video, DecoderPref::Cpu) {
+        Ok(r) => r,
+        Err(e) => return tx.send(vec![Err(skip(None, e.to_string()))]).is_ok(),
+    };
+    let mut pending = Vec::with_capacity(batch);
+    let mut frames = 0u64;
+    for f in reader {
+        let item = match f {
+            Ok(f) => {
+                let index = frames;
+                frames += 1;
+                let lb = image::RgbImage::from_raw(f.width, f.height, f.data)
+                    .map(|img| preprocess::letterbox(&img, imgsz))
+                    .ok_or_else(|| skip(Some(index), "frame of the wrong size".into()));
+                let found = labels.get(&index).map(|p| read_labels(p, nc)).unwrap_or(Ok(vec![]));
+                lb.and_then(|lb| found.map(|labels| Prepared { lb, labels }).map_err(|e| skip(Some(index), e)))
+            }
+            // the reader ends after an error: the frames before it count
+            Err(e) => Err(skip(Some(frames), e.to_string())),
+        };
+        pending.push(item);
+        if pending.len() == batch && tx.send(std::mem::take(&mut pending)).is_err() {
+            return false;
+        }
+    }
+    let past: Vec<u64> = labels.range(frames..).map(|(i, _)| *i).collect();
+    if let (Some(first), Some(last)) = (past.first(), past.last()) {
+        pending.push(Err(skip(
+            None,
+            format!("{} label file(s) name frames {first}..={last}, past the video's last frame ({frames} frames)", past.len()),
+        )));
+    }
+    pending.is_empty() || tx.send(pending).is_ok()
+}
+
+#[cfg(not(feature = "gstreamer"))]
+fn send_video(v: &VideoSample, _batch: usize, _imgsz: u32, _nc: Option<usize>, tx: &SyncSender<Vec<Result<Prepared, Skipped>>>) -> bool {
+    let reason = "reading video needs a yolo-edge built with the `gstreamer` feature".to_string();
+    tx.send(vec![Err(Skipped { image: v.video.clone(), frame: None, reason })]).is_ok()
 }
 
 /// Multi-label candidates (every class score above `conf` of every anchor), as the reference's
@@ -132,8 +205,15 @@ pub fn multilabel_candidates(raw: &Tensor, conf: f32) -> candle_core::Result<Vec
         .collect())
 }
 
-/// Evaluates `det` on `ds`. `progress(done, total)` is called after each batch.
-pub fn evaluate(det: &Detector, ds: &Dataset, opts: &EvalOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<EvalReport, EvalError> {
+/// Evaluates `det` on `ds`. `progress(done, total)` is called after each batch, with the number
+/// of pictures and frames taken so far and the total when it is known (not for a split with
+/// videos: their frame counts are known only once they are read).
+pub fn evaluate(
+    det: &Detector,
+    ds: &Dataset,
+    opts: &EvalOptions,
+    progress: &mut dyn FnMut(usize, Option<usize>),
+) -> Result<EvalReport, EvalError> {
     if opts.batch == 0 {
         return Err(EvalError::Options("batch must be at least 1".into()));
     }
@@ -141,7 +221,7 @@ pub fn evaluate(det: &Detector, ds: &Dataset, opts: &EvalOptions, progress: &mut
     let imgsz = det.imgsz();
     let nc_labels = if ds.names.is_empty() { None } else { Some(ds.names.len()) };
     let start = Instant::now();
-    let total = ds.samples.len();
+    let total = if ds.videos.is_empty() { Some(ds.samples.len()) } else { None };
 
     let mut preds: Vec<ScoredPrediction> = Vec::new();
     let mut target_classes: Vec<usize> = Vec::new();
@@ -156,7 +236,12 @@ pub fn evaluate(det: &Detector, ds: &Dataset, opts: &EvalOptions, progress: &mut
             for chunk in ds.samples.chunks(opts.batch) {
                 let batch: Vec<_> = chunk.par_iter().map(|s| prepare(s, imgsz as u32, nc_labels, &opts.limits)).collect();
                 if tx.send(batch).is_err() {
-                    break; // the consumer stopped (error)
+                    return; // the consumer stopped (error)
+                }
+            }
+            for v in &ds.videos {
+                if !send_video(v, opts.batch, imgsz as u32, nc_labels, &tx) {
+                    return;
                 }
             }
         });
