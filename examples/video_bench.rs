@@ -1,8 +1,10 @@
-//! Decode + letterbox throughput of one video stream on the CPU, as the agent does it (the
-//! software decoder through GStreamer, RGB out of the appsink, the reference letterbox):
+//! Decode + letterbox throughput of one video stream, as the agent does it (the decoder through
+//! GStreamer, RGB out of the appsink, the reference letterbox on the CPU):
 //!
-//!     cargo run --release --features gstreamer --example video_bench -- CLIP.mp4 [IMGSZ]
+//!     cargo run --release --features gstreamer --example video_bench -- CLIP.mp4 [IMGSZ] [cpu|nvdec|auto]
 //!
+//! The decoder defaults to the software one; `nvdec` asks for NVDEC (`nvh264dec`/`nvh265dec`),
+//! and the element that decoded is printed.
 //! Prints frames, decode-only fps (GStreamer's threads) and decode + letterbox fps (this thread
 //! letterboxing every frame as it arrives), one stream at a time. `scripts/bench_video.sh`
 //! makes the clips and runs it.
@@ -19,13 +21,15 @@ struct Pass {
     frames: usize,
     size: (u32, u32),
     fps: f64,
+    decoder: String,
 }
 
 /// One pass over the clip, letterboxing each frame or not.
-fn pass(path: &std::path::Path, letterbox: Option<u32>) -> Result<Pass, Error> {
+fn pass(path: &std::path::Path, letterbox: Option<u32>, pref: DecoderPref) -> Result<Pass, Error> {
     let t = Instant::now();
     let (mut n, mut size) = (0usize, (0, 0));
-    for f in VideoReader::open(path, DecoderPref::Cpu)? {
+    let mut reader = VideoReader::open(path, pref)?;
+    for f in reader.by_ref() {
         let f = f?;
         size = (f.width, f.height);
         if let Some(imgsz) = letterbox {
@@ -34,7 +38,7 @@ fn pass(path: &std::path::Path, letterbox: Option<u32>) -> Result<Pass, Error> {
         }
         n += 1;
     }
-    Ok(Pass { frames: n, size, fps: n as f64 / t.elapsed().as_secs_f64() })
+    Ok(Pass { frames: n, size, fps: n as f64 / t.elapsed().as_secs_f64(), decoder: reader.decoder().unwrap_or_default() })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -44,14 +48,20 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
-    let path = std::path::PathBuf::from(args.get(1).ok_or("usage: video_bench CLIP [IMGSZ]")?);
+    let path = std::path::PathBuf::from(args.get(1).ok_or("usage: video_bench CLIP [IMGSZ] [cpu|nvdec|auto]")?);
     let imgsz: u32 = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(640);
+    let pref = match args.get(3).map(String::as_str) {
+        None | Some("cpu") => DecoderPref::Cpu,
+        Some("nvdec") => DecoderPref::Nvdec,
+        Some("auto") => DecoderPref::Auto,
+        Some(other) => return Err(format!("decoder `{other}`: expected cpu, nvdec or auto").into()),
+    };
     // a first pass loads the plugins and warms the caches
-    let Pass { frames: n, size, .. } = pass(&path, None)?;
-    let decode = median((0..3).map(|_| pass(&path, None).map(|r| r.fps)).collect::<Result<_, _>>()?);
-    let both = median((0..3).map(|_| pass(&path, Some(imgsz)).map(|r| r.fps)).collect::<Result<_, _>>()?);
+    let Pass { frames: n, size, decoder, .. } = pass(&path, None, pref)?;
+    let decode = median((0..3).map(|_| pass(&path, None, pref).map(|r| r.fps)).collect::<Result<_, _>>()?);
+    let both = median((0..3).map(|_| pass(&path, Some(imgsz), pref).map(|r| r.fps)).collect::<Result<_, _>>()?);
     println!(
-        "{} {}x{}: {n} frames; decode {decode:.1} fps; decode + letterbox to {imgsz} {both:.1} fps (median of 3)",
+        "{} {}x{} ({decoder}): {n} frames; decode {decode:.1} fps; decode + letterbox to {imgsz} {both:.1} fps (median of 3)",
         path.display(),
         size.0,
         size.1

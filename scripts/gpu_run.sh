@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -22,6 +22,8 @@
 #      ARENA_CASES ("e:16GiB m:8GiB"; empty: no sweeps) ARENA_AB_VARIANTS (t,e) ARENA_AB_BATCHES (8,64,256)
 #      INTERLEAVE_ROUNDS (4) INTERLEAVE_VARIANTS (t,e) INTERLEAVE_BATCHES (2,8,64) INTERLEAVE_ITERS (20)
 #      BEFORE_XZ ROUNDS (3) BA_VARIANTS (t,c) BA_BATCHES (1,128) BA_ITERS (20): step beforeafter
+#      CAM_CLIP (h264-1920x1080-30s.mp4, under $DEV) CAM_STREAMS (1,4,8,16) CAM_MODES (fast,realtime)
+#      CAM_SECONDS (15): step cameras (a binary built with --gstreamer)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -383,6 +385,24 @@ for (m, b), c in groups.items():
     tot = sum(c.values())
     print(f"{m} batch {b}: {tot:.1f} ms: " + ", ".join(f"{k} {v:.1f} ms ({100*v/tot:.0f}%)" for k, v in c.most_common()))
 PY
+fi
+
+if has cameras; then
+  say "## cameras: NVDEC through GStreamer, 1080p H.264 decode and streams end to end (docs/cameras.md)"
+  # carried: $DEV/gst.tar.xz (scripts/gst-bundle.sh, with mosquitto in bin/), $DEV/$CAM_CLIP,
+  # $DIST/video_bench.xz (examples/video_bench.rs, built beside the binary)
+  G="$W/gst"; rm -rf "$G"; mkdir -p "$G"; tar -C "$G" -xJf "$DEV/gst.tar.xz" --strip-components=1
+  gstenv() { env LD_LIBRARY_PATH="$G/lib:$LD_LIBRARY_PATH" GST_PLUGIN_SYSTEM_PATH="$G/plugins" GST_PLUGIN_SCANNER="$G/libexec/gst-plugin-scanner" GST_REGISTRY="$W/gst-registry.bin" "$@"; }
+  CLIP="$DEV/${CAM_CLIP:-h264-1920x1080-30s.mp4}"
+  say "NVDEC library: $(ls /usr/local/nvidia/lib64/libnvcuvid.so* /usr/lib/x86_64-linux-gnu/libnvcuvid.so* /usr/lib64/libnvcuvid.so* 2>/dev/null | tr '\n' ' ')"
+  xz -dc "$DIST/video_bench.xz" > "$W/video_bench" && chmod +x "$W/video_bench"
+  for d in nvdec auto; do
+    gstenv timeout 120 "$W/video_bench" "$CLIP" 640 $d > "$W/video_bench-$d.txt" 2>&1; echo "rc=$?" >> "$W/video_bench-$d.txt"
+    say "video_bench $d: $(tr '\n' ' ' < "$W/video_bench-$d.txt")"
+  done
+  gstenv python3 "$HERE/bench_streams.py" "$BIN" "$CLIP" --device cuda:0 --streams "${CAM_STREAMS:-1,4,8,16}" --modes "${CAM_MODES:-fast,realtime}" \
+    --mosquitto "$G/bin/mosquitto" --seconds "${CAM_SECONDS:-15}" --out "$W/streams" 2> "$W/streams.log" | tee -a "$SUM"
+  tail -5 "$W/streams.log" >> "$SUM"
 fi
 
 (cd "$OUT" && tar czf all.tar.gz --exclude="work/yolo-edge*" --exclude=work/site --exclude="*.npy" work && rm -rf work)
