@@ -64,6 +64,13 @@ def total(s: dict, result: str) -> int:
     return sum(v.get(result, 0) for v in s["streams"].values())
 
 
+def child_env(a, **extra) -> dict:
+    env = dict(os.environ, **extra)
+    if a.ld_library_path:
+        env["LD_LIBRARY_PATH"] = a.ld_library_path
+    return env
+
+
 def run(a, mosquitto_port: int, mode: str, k: int, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     mport = free_port()
@@ -97,7 +104,7 @@ dir = "{out / 'spool'}"
 {sources}"""
     )
     log = open(out / "agent.log", "w")
-    env = dict(os.environ, RUST_LOG="info,rumqttc=warn")
+    env = child_env(a, RUST_LOG="info,rumqttc=warn")
     agent = subprocess.Popen([a.bin, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=log, env=env)
     samples = []
     try:
@@ -177,13 +184,16 @@ def main() -> int:
     p.add_argument("--max-fast", type=float, default=600.0, help="fast: the longest a run may take")
     p.add_argument("--fps", type=float, default=25.0, help="the clip's frame rate")
     p.add_argument("--mosquitto", default="mosquitto")
+    p.add_argument("--ld-library-path", help="LD_LIBRARY_PATH of the agent and the broker only (a bundle of scripts/gst-bundle.sh)")
     p.add_argument("--out", default="target/bench-streams")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     bport = free_port()
     (out / "mosquitto.conf").write_text(f"listener {bport} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-    broker = subprocess.Popen([a.mosquitto, "-c", str(out / "mosquitto.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    broker = subprocess.Popen(
+        [a.mosquitto, "-c", str(out / "mosquitto.conf")], stdout=subprocess.DEVNULL, stderr=open(out / "mosquitto.log", "w"), env=child_env(a)
+    )
     time.sleep(0.5)
     rows = []
     try:

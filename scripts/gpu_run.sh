@@ -400,9 +400,17 @@ if has cameras; then
     gstenv timeout 120 "$W/video_bench" "$CLIP" 640 $d > "$W/video_bench-$d.txt" 2>&1; echo "rc=$?" >> "$W/video_bench-$d.txt"
     say "video_bench $d: $(tr '\n' ' ' < "$W/video_bench-$d.txt")"
   done
-  gstenv python3 "$HERE/bench_streams.py" "$BIN" "$CLIP" --device cuda:0 --streams "${CAM_STREAMS:-1,4,8,16}" --modes "${CAM_MODES:-fast,realtime}" \
-    --mosquitto "$G/bin/mosquitto" --seconds "${CAM_SECONDS:-15}" --out "$W/streams" 2> "$W/streams.log" | tee -a "$SUM"
+  # the bundle has no software decoder: without NVDEC the streams would have none
+  if grep -q "(nvh264dec)" "$W/video_bench-nvdec.txt"; then
+  GST_PLUGIN_SYSTEM_PATH="$G/plugins" GST_PLUGIN_SCANNER="$G/libexec/gst-plugin-scanner" GST_REGISTRY="$W/gst-registry.bin" \
+    python3 "$HERE/bench_streams.py" "$BIN" "$CLIP" --device cuda:0 --streams "${CAM_STREAMS:-1,4,8,16}" --modes "${CAM_MODES:-fast,realtime}" \
+    --mosquitto "$G/bin/mosquitto" --ld-library-path "$G/lib:$LD_LIBRARY_PATH" --seconds "${CAM_SECONDS:-15}" --warmup "${CAM_WARMUP:-3}" \
+    --startup 90 --out "$W/streams" 2> "$W/streams.log" | tee -a "$SUM"
   tail -5 "$W/streams.log" >> "$SUM"
+  cp "$W/streams/results.json" "$OUT/streams.json" 2>/dev/null
+  else
+    say "no NVDEC decoder: the streams were not run"
+  fi
 fi
 
 (cd "$OUT" && tar czf all.tar.gz --exclude="work/yolo-edge*" --exclude=work/site --exclude="*.npy" work && rm -rf work)

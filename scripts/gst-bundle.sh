@@ -9,15 +9,16 @@
 # Then, on the target:
 #   export LD_LIBRARY_PATH=OUTDIR/lib GST_PLUGIN_SYSTEM_PATH=OUTDIR/plugins \
 #          GST_PLUGIN_SCANNER=OUTDIR/libexec/gst-plugin-scanner GST_REGISTRY=/tmp/gst-registry.bin
-# The software decoders (gstreamer1.0-libav, with FFmpeg's libraries) are left out: they would
-# triple the size, and a machine with NVDEC does not need them. Not for field use: a box runs
+# The agent's software decoders (gstreamer1.0-libav, with FFmpeg's libraries) are left out: they
+# would triple the size, and a machine with NVDEC does not need them. `openh264dec` is in: parsebin
+# exposes an H.264 stream only where some decoder for it is registered. Not for field use: a box runs
 # its distribution's GStreamer packages (docs/cameras.md).
 set -euo pipefail
 OUT="${1:?usage: gst-bundle.sh OUTDIR [--with-mosquitto]}"
 MOSQUITTO=""
 [ "${2:-}" = --with-mosquitto ] && MOSQUITTO=/usr/sbin/mosquitto
 ARCH_LIB=/usr/lib/x86_64-linux-gnu
-PLUGINS=(coreelements typefindfunctions playback isomp4 videoparsersbad nvcodec videoconvertscale app)
+PLUGINS=(coreelements typefindfunctions playback isomp4 videoparsersbad nvcodec openh264 videoconvertscale app)
 SCANNER="$ARCH_LIB/gstreamer1.0/gstreamer-1.0/gst-plugin-scanner"
 mkdir -p "$OUT/lib" "$OUT/plugins" "$OUT/libexec"
 files=("$SCANNER")
