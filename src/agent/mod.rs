@@ -83,18 +83,22 @@ pub struct BatchDecision {
     pub plan: Option<Plan>,
 }
 
+fn planner_config(cfg: &Config) -> PlannerConfig {
+    PlannerConfig {
+        memory_limit: cfg.device.memory_limit,
+        memory_fraction: cfg.device.memory_fraction,
+        max_batch: cfg.device.max_batch,
+        probe_batches: [1, 2, 4].into_iter().filter(|&b| b <= cfg.device.max_batch).collect(),
+    }
+}
+
 /// Decides the startup batch: fixed by config, or (`batch = "auto"`) planned from the device's
 /// memory with the loaded model: probe, fit, choose, verify (see [`crate::planner`]).
 pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, AgentError> {
     if let BatchSpec::Fixed(b) = cfg.device.batch {
         return Ok(BatchDecision { batch: b, reason: format!("fixed by config (batch = {b})"), plan: None });
     }
-    let pc = PlannerConfig {
-        memory_limit: cfg.device.memory_limit,
-        memory_fraction: cfg.device.memory_fraction,
-        max_batch: cfg.device.max_batch,
-        probe_batches: [1, 2, 4].into_iter().filter(|&b| b <= cfg.device.max_batch).collect(),
-    };
+    let pc = planner_config(cfg);
     let meter = PeakMeter::new(det.device());
     // the budget is what is free with the model loaded (and cached pool memory given back)
     meter.trim().map_err(PlanError::from)?;
@@ -174,6 +178,13 @@ pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>)
         }
         None => None,
     };
+    if device.is_cuda() {
+        // the activation arena, made by the first pass, reserves no more address space than the
+        // budget (before the model loads: an upper bound of the plan's budget)
+        if let Ok(mem) = devmem::device_memory(&device) {
+            crate::backend::arena::cap_reservation(Budget::new(mem, &planner_config(&cfg)).bytes);
+        }
+    }
     let t0 = std::time::Instant::now();
     let detector = load_detector(&cfg, &device, dtype)?;
     let warm: Option<StartupTimes> = if device.is_cuda() {

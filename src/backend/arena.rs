@@ -178,6 +178,23 @@ pub struct Serving {
     active: bool,
 }
 
+/// The most address space an arena reserves (bytes; `u64::MAX`: the device's whole memory).
+static RESERVATION_CAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Caps the address space the arenas made from now on reserve: the agent's memory budget, so
+/// that a board whose GPU shares 8 GiB of RAM with everything else does not see the agent
+/// reserve all of it. Blocks that do not fit the cap come from the stream-ordered pool instead.
+pub fn cap_reservation(bytes: u64) {
+    RESERVATION_CAP.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The size of an arena's reservation: the device's memory or the cap, whichever is smaller,
+/// rounded up to whole granules.
+pub fn reservation_size(device_total: u64, cap: u64, granule: u64) -> u64 {
+    let granule = granule.max(1);
+    device_total.min(cap).div_ceil(granule).saturating_mul(granule)
+}
+
 /// Lets the arena serve this thread's allocations on `device` until the guard drops.
 pub fn serve(device: &candle_core::Device) -> Serving {
     #[cfg(feature = "arena")]
@@ -462,7 +479,7 @@ mod vmm {
         })
         .map_err(|e| format!("cuMemGetAllocationGranularity: {e:?}"))?;
         let granule = (granule as u64).max(super::ALIGN);
-        let size = (total as u64).div_ceil(granule) * granule;
+        let size = super::reservation_size(total as u64, super::RESERVATION_CAP.load(std::sync::atomic::Ordering::Relaxed), granule);
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: reserves address space only; out-pointer to a local.
         ok(unsafe { sys::cuMemAddressReserve(&mut base, size as usize, granule as usize, 0, 0) })
@@ -510,6 +527,17 @@ mod vmm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reservation_is_the_smaller_of_device_and_cap_in_whole_granules() {
+        const MIB: u64 = 1 << 20;
+        // an 8 GiB board whose budget is 3 GiB: 3 GiB reserved, not 8
+        assert_eq!(reservation_size(8192 * MIB, 3072 * MIB, 2 * MIB), 3072 * MIB);
+        assert_eq!(reservation_size(8192 * MIB, 3072 * MIB + 1, 2 * MIB), 3074 * MIB);
+        // no cap: the device's memory
+        assert_eq!(reservation_size(143_771 * MIB, u64::MAX, 2 * MIB), 143_772 * MIB);
+        assert_eq!(reservation_size(100, 50, 0), 50);
+    }
 
     #[test]
     fn best_fit_takes_the_smallest_block_that_fits_and_coalesces() {

@@ -134,12 +134,7 @@ impl PeakMeter {
                 // freed tensors stay resident in the allocator's arenas; without giving them
                 // back, a measurement after a larger one reads low (its pages are already
                 // resident), and the resident set that the kernel judges stays at the old peak
-                #[cfg(all(target_os = "linux", target_env = "gnu"))]
-                // SAFETY: malloc_trim only returns free heap pages to the kernel; it touches no
-                // live allocation and is thread-safe in glibc.
-                unsafe {
-                    libc::malloc_trim(0);
-                }
+                super::hostmem::release_free_heap();
                 Ok(())
             }
             #[allow(unreachable_patterns)]

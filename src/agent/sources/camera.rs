@@ -27,6 +27,7 @@ use crate::agent::frames::{FrameHub, FrameMeta, FramePixels, Pushed, StreamTx};
 use crate::agent::messages::EventBody;
 use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
 use crate::agent::telemetry::{Stats, StreamState, StreamStats};
+use crate::backend::hostmem;
 use crate::media::{self, DecoderPref, FrameFlow};
 
 /// How often a running stream's bus, stall timer and stop flag are looked at.
@@ -188,6 +189,9 @@ impl Stream {
         // a source waiting for room sees the stop and lets the streaming thread go
         session.gone.store(true, Relaxed);
         teardown(pipeline, &self.cfg.id);
+        // the old pipeline's frames and buffers were freed on its streaming threads, into
+        // allocator arenas that keep them resident unless told otherwise
+        hostmem::release_free_heap();
         ended
     }
 
