@@ -678,39 +678,3 @@ fn eval_on_a_video_equals_eval_on_its_decoded_frames() {
     assert!(skipped[1]["frame"].is_null() && skipped[1]["reason"].as_str().unwrap().contains("past the video's last frame"), "{video}");
     assert_eq!(frames["skipped"].as_array().unwrap().len(), 1, "{frames}");
 }
-
-/// How many 1080p 25 fps streams this machine sustains end to end with the default model
-/// (BENCHMARKS.md, "Cameras"): a 1080p H.264 file read with `pacing = "fast"` through the agent
-/// (decode, letterbox, the shapes model at imgsz 416, batch 4, MQTT); frames per second from the
-/// first detection message to the last, divided by 25.
-///     cargo test --release --features gstreamer --test cameras -- --ignored bench_1080p --nocapture
-#[test]
-#[ignore]
-fn bench_1080p_streams_end_to_end() {
-    if gstreamer().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let clip = pattern_clip(tmp.path(), "hd", "h264", 8, 25, 1920, 1080);
-    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
-    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
-    let source =
-        format!("[[sources]]\ntype = \"video\"\nid = \"hd\"\npath = \"{}\"\npacing = \"fast\"\ndecoder = \"cpu\"\n", clip.display());
-    let c = conf(tmp.path(), broker.port, 416, 4, &source);
-    let cfg = tmp.path().join("agent.toml");
-    c.write(&cfg);
-    let mut agent = Agent::spawn(&cfg, &[]);
-    wait_until(T, "every frame", || count(&col, "hd") == 200);
-    let dets = col.detections();
-    let (first, last) = (dets.first().unwrap().at, dets.last().unwrap().at);
-    let fps = (dets.len() - 1) as f64 / (last - first).as_secs_f64();
-    let t: Telemetry = col.on("/telemetry").last().unwrap().parse();
-    eprintln!(
-        "1080p H.264 through the agent: {fps:.1} frames/s end to end = {:.2} streams at 25 fps (infer p50 {:.0} ms per batch of up to 4, decode+letterbox p50 {:.1} ms)",
-        fps / 25.0,
-        t.latency_ms.infer.p50,
-        t.latency_ms.decode.p50
-    );
-    agent.signal(libc::SIGTERM);
-    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
-}
