@@ -58,7 +58,8 @@ if [ -n "$AARCH64" ]; then
   A="${CUDA_WHEEL_PREFIX_AARCH64:-/opt/cuda-13.0-wheels-aarch64}/nvidia/cu13/lib"
   # host code of the static kernels (candle's libmoe.a) for aarch64; link against aarch64 libraries
   export NVCC_CCBIN=aarch64-linux-gnu-g++
-  export LIBRARY_PATH="$A:$A/stubs"
+  # a cross gcc ignores LIBRARY_PATH: the search path goes to the linker through rustc
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-L native=$A -L native=$A/stubs"
 fi
 TARGET="${CARGO_TARGET_DIR:-target}"
 # the device-memory arena (src/backend/arena.rs, feature `arena`) needs cudarc's allocation hook: the

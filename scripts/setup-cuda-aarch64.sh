@@ -37,6 +37,14 @@ if [ "$WITH_CUDNN" = 1 ]; then
   ln -sfn "$PREFIX/nvidia/cudnn/lib/libcudnn.so.9" libcudnn.so.9
   ln -sfn libcudnn.so.9 libcudnn.so
 fi
+# nvcc looks for a cross target's headers and libraries under targets/<dir>/ of its own tree
+# (sbsa-linux for an aarch64 host compiler, aarch64-linux on older toolkits): the headers are the
+# x86_64 toolchain's (the same files), the libraries these aarch64 ones
+for t in sbsa-linux aarch64-linux; do
+  mkdir -p "$X86/targets/$t"
+  ln -sfn ../../include "$X86/targets/$t/include"
+  ln -sfn "$LIB" "$X86/targets/$t/lib"
+done
 # the same stub as the x86_64 toolchain's, compiled for aarch64: SONAME libcuda.so.1
 mkdir -p stubs
 aarch64-linux-gnu-gcc -shared -fPIC -O0 -Wl,-soname,libcuda.so.1 -o stubs/libcuda.so "$X86/lib/stubs/libcuda_stub.c"
