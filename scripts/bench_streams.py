@@ -86,6 +86,7 @@ imgsz = {a.imgsz}
 batch = "auto"
 max_batch = {max(a.max_batch, k)}
 max_wait_ms = 20
+{f'memory_limit = "{a.memory_limit}"' if a.memory_limit else ""}
 
 [model]
 path = "{Path(a.model).resolve()}"
@@ -183,6 +184,7 @@ def main() -> int:
     p.add_argument("--startup", type=float, default=180.0, help="seconds allowed until the first frame is published")
     p.add_argument("--max-fast", type=float, default=600.0, help="fast: the longest a run may take")
     p.add_argument("--fps", type=float, default=25.0, help="the clip's frame rate")
+    p.add_argument("--memory-limit", help="[device] memory_limit of the agent, e.g. 4GiB")
     p.add_argument("--mosquitto", default="mosquitto")
     p.add_argument("--ld-library-path", help="LD_LIBRARY_PATH of the agent and the broker only (a bundle of scripts/gst-bundle.sh)")
     p.add_argument("--out", default="target/bench-streams")

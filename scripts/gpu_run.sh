@@ -23,7 +23,7 @@
 #      INTERLEAVE_ROUNDS (4) INTERLEAVE_VARIANTS (t,e) INTERLEAVE_BATCHES (2,8,64) INTERLEAVE_ITERS (20)
 #      BEFORE_XZ ROUNDS (3) BA_VARIANTS (t,c) BA_BATCHES (1,128) BA_ITERS (20): step beforeafter
 #      CAM_CLIP (h264-1920x1080-30s.mp4, under $DEV) CAM_STREAMS (1,4,8,16) CAM_MODES (fast,realtime)
-#      CAM_SECONDS (15): step cameras (a binary built with --gstreamer)
+#      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -405,7 +405,8 @@ if has cameras; then
   GST_PLUGIN_SYSTEM_PATH="$G/plugins" GST_PLUGIN_SCANNER="$G/libexec/gst-plugin-scanner" GST_REGISTRY="$W/gst-registry.bin" \
     python3 "$HERE/bench_streams.py" "$BIN" "$CLIP" --device cuda:0 --streams "${CAM_STREAMS:-1,4,8,16}" --modes "${CAM_MODES:-fast,realtime}" \
     --mosquitto "$G/bin/mosquitto" --ld-library-path "$G/lib:$LD_LIBRARY_PATH" --seconds "${CAM_SECONDS:-15}" --warmup "${CAM_WARMUP:-3}" \
-    --startup 90 --out "$W/streams" 2> "$W/streams.log" | tee -a "$SUM"
+    --startup 90 --out "$W/streams" ${CAM_EXTRA:-} 2> "$W/streams.log" | tee -a "$SUM"
+  grep -h "arena created" "$W"/streams/*/agent.log | sed 's/\x1b\[[0-9;]*m//g' | head -3 | tee -a "$SUM"
   tail -5 "$W/streams.log" >> "$SUM"
   cp "$W/streams/results.json" "$OUT/streams.json" 2>/dev/null
   else
