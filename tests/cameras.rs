@@ -608,6 +608,51 @@ fn video_file_fast_pacing_publishes_every_frame_then_ends() {
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
 }
 
+/// A `type = "uri"` source on a `file://` URI (GStreamer's `urisourcebin`, not live): frames
+/// come through the decoder chosen for the codec and are published with `detect`'s detections
+/// for the same frame index (some may be dropped as stale: a URI source keeps only the freshest
+/// frame), then `source_ended`, and the stream stops without an error.
+#[test]
+fn uri_source_reads_a_file_uri_then_ends() {
+    if gstreamer().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    const N: usize = 40;
+    let (clip, _) = scene_clip(tmp.path(), "h264", N, 4, 25);
+    let want = detect_video(&clip, 320);
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "yolo-edge/#", ClientOpts::default());
+    let source = format!("[[sources]]\ntype = \"uri\"\nid = \"u\"\nuri = \"file://{}\"\ndecoder = \"cpu\"\n", clip.display());
+    let c = conf(tmp.path(), broker.port, 320, 4, &source);
+    let cfg = tmp.path().join("agent.toml");
+    c.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "source_ended", || stream_events(&col, "source_ended", "u") == 1);
+    let m = by_stream(&col);
+    let got = m.get("u").expect("frames of the uri source");
+    assert!(!got.is_empty());
+    for (&i, d) in got {
+        let theirs = &want[i as usize];
+        assert_eq!(d.detections.len(), theirs.len(), "frame {i}");
+        for (a, b) in d.detections.iter().zip(theirs) {
+            assert!(a.class_id == b.class_id && iou(a.bbox.map(f64::from), b.bbox.map(f64::from)) >= 0.99, "frame {i}: {a:?} vs {b:?}");
+        }
+    }
+    assert_eq!(stream_events(&col, "source_error", "u"), 0);
+    wait_until(Duration::from_secs(20), "telemetry: ended, every frame in", || {
+        col.on("/telemetry").last().is_some_and(|m| {
+            let t: Telemetry = m.parse();
+            t.streams
+                .iter()
+                .any(|s| s.id == "u" && s.state == "ended" && s.frames_in == N as u64 && s.decoder.as_deref() == Some("avdec_h264"))
+        })
+    });
+    eprintln!("uri source: {} of {N} frames published", got.len());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+}
+
 /// `eval` on a video (frame N of `images/clip.mp4` labelled by `labels/clip/N.txt`) reports
 /// exactly what `eval` reports on the same frames decoded to PNG files beside their labels, and
 /// finds the drawn objects; a malformed label file skips its frame only, and label files past
