@@ -3,7 +3,10 @@
 #
 #   scripts/aarch64.sh setup     Debian's cross toolchain and qemu (apt), and the aarch64 standard
 #                                library (rustup, from static.rust-lang.org)
-#   scripts/aarch64.sh test      the library's unit tests, built for aarch64, run under qemu
+#   scripts/aarch64.sh test      the library's unit tests and the `eval` integration tests (which
+#                                start the binary), built for aarch64, run under qemu
+#   scripts/aarch64.sh test-all  every integration test too (the model goldens, the agent against a
+#                                native Mosquitto: long under emulation)
 #   scripts/aarch64.sh build     the release binary (target/aarch64-unknown-linux-gnu/release/)
 #
 # Linker and runner come from .cargo/config.toml. The aarch64 standard library is not on a package
@@ -22,6 +25,13 @@ case "${1:-test}" in
     command -v qemu-aarch64-static >/dev/null || { echo "qemu-aarch64-static missing: scripts/aarch64.sh setup" >&2; exit 2; }
     rustup target list --installed | grep -qx "$TARGET" || { echo "no $TARGET standard library: scripts/aarch64.sh setup" >&2; exit 2; }
     cargo test --locked --target "$TARGET" --lib -- --test-threads="${TEST_THREADS:-2}"
+    # tests that start the binary start it through the same qemu (tests/common/runner.rs)
+    YOLO_EDGE_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+      cargo test --locked --target "$TARGET" --test eval -- --test-threads="${TEST_THREADS:-2}"
+    ;;
+  test-all)
+    YOLO_EDGE_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+      cargo test --locked --target "$TARGET" --all-targets -- --test-threads="${TEST_THREADS:-2}"
     ;;
   build)
     cargo build --locked --release --target "$TARGET"
@@ -29,7 +39,7 @@ case "${1:-test}" in
     qemu-aarch64-static -L /usr/aarch64-linux-gnu "target/$TARGET/release/yolo-edge" --version
     ;;
   *)
-    echo "usage: $0 setup|test|build" >&2
+    echo "usage: $0 setup|test|test-all|build" >&2
     exit 2
     ;;
 esac

@@ -601,7 +601,7 @@ fn agent_rect_frames_match_detect() {
         files.push(p);
     }
     let json = tmp.path().join("detect.jsonl");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+    let out = yolo_edge()
         .args(["detect", "--device", "cpu", "--imgsz", "640", "--conf", "0.01", "--json"])
         .arg(&json)
         .arg("--model")
@@ -695,10 +695,8 @@ fn fleet_lists_sixteen_agents_and_a_killed_one_goes_offline() {
         wait_until(T, "pictures done", || files_in(&conf.input.join("done")).len() == i % 4);
     }
     let fleet = |wait: &str| -> Vec<serde_json::Value> {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
-            .args(["fleet", "--broker", &format!("127.0.0.1:{}", broker.port), "--json", "--wait", wait])
-            .output()
-            .unwrap();
+        let out =
+            yolo_edge().args(["fleet", "--broker", &format!("127.0.0.1:{}", broker.port), "--json", "--wait", wait]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).unwrap()
     };
@@ -1759,9 +1757,7 @@ fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_m
     assert_eq!(code, Some(0), "promtool check config:\n{out}");
 
     // `yolo-edge probe` asks the listener the config names (the container HEALTHCHECK)
-    let probe = |args: &[&str], config: &std::path::Path| {
-        run_tool(std::process::Command::new(env!("CARGO_BIN_EXE_yolo-edge")).arg("probe").arg("--config").arg(config).args(args))
-    };
+    let probe = |args: &[&str], config: &std::path::Path| run_tool(yolo_edge().arg("probe").arg("--config").arg(config).args(args));
     assert_eq!(probe(&["/readyz"], &cfg), (Some(0), "ready\n".to_string()));
     assert_eq!(probe(&["/healthz"], &cfg), (Some(0), "ok\n".to_string()));
     let plain = tmp.path().join("no-metrics.toml");

@@ -218,7 +218,7 @@ fn iou(a: [f64; 4], b: [f64; 4]) -> f64 {
 
 fn detect_video(clip: &Path, imgsz: usize) -> Vec<Vec<Detection>> {
     let json = clip.with_extension("jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+    let out = yolo_edge()
         .args(["detect", "--device", "cpu", "--imgsz", &imgsz.to_string(), "--batch", "4", "--json"])
         .arg(&json)
         .arg("--model")
@@ -697,7 +697,7 @@ fn eval_on_a_video_equals_eval_on_its_decoded_frames() {
     std::fs::write(a.join("labels/clip/000500.txt"), labels(&truth[0])).unwrap();
     let eval = |root: &Path| -> serde_json::Value {
         let json = root.join("report.json");
-        let out = Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+        let out = yolo_edge()
             .args(["eval", "--device", "cpu", "--imgsz", "416", "--batch", "4", "--model"])
             .arg(manifest().join("models/yolov9t-shapes.safetensors"))
             .arg("--data")

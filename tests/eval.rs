@@ -4,9 +4,11 @@
 //! library and through the `yolo-edge eval` command.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use yolo_edge::demo::samples;
+
+#[path = "common/runner.rs"]
+mod runner;
 use yolo_edge::detector::Detector;
 use yolo_edge::eval::{self, dataset::Dataset, EvalOptions};
 
@@ -36,7 +38,7 @@ fn default_model_finds_drawn_shapes() {
 }
 
 fn yolo_edge(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_yolo-edge")).args(args).output().unwrap()
+    runner::yolo_edge().args(args).output().unwrap()
 }
 
 #[test]

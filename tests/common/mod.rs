@@ -5,6 +5,9 @@
 
 pub mod hostile;
 pub mod panels;
+pub mod runner;
+
+pub use runner::yolo_edge;
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -346,7 +349,7 @@ impl Agent {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let log = config.with_file_name(format!("agent-{}.log", N.fetch_add(1, Ordering::Relaxed)));
         let f = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_yolo-edge"));
+        let mut cmd = yolo_edge();
         cmd.arg("run").arg("--config").arg(config).env("RUST_LOG", "info,rumqttc=warn").stdout(Stdio::null()).stderr(f);
         for (k, v) in env {
             cmd.env(k, v);
@@ -563,7 +566,7 @@ pub struct DemoRun {
 pub fn run_demo(dir: &Path, args: &[&str], timeout: Duration) -> DemoRun {
     std::fs::create_dir_all(dir).unwrap();
     let (out, err) = (dir.join("demo.stdout"), dir.join("demo.stderr"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+    let mut child = yolo_edge()
         .arg("demo")
         .args(args)
         .env_remove("RUST_LOG")
@@ -878,7 +881,8 @@ impl Drop for MemoryCgroup {
 }
 
 impl Agent {
-    /// [`Agent::spawn`] inside `cgroup`: a shell joins it, then execs the agent (same pid).
+    /// [`Agent::spawn`] inside `cgroup`: a shell joins it, then execs the agent (same pid, so
+    /// the agent is started directly, also under a cross runner: its resident set is measured).
     pub fn spawn_in(cgroup: &MemoryCgroup, config: &Path) -> Agent {
         let log = config.with_file_name("agent-cgroup.log");
         let f = std::fs::File::create(&log).unwrap();

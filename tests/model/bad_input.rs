@@ -71,7 +71,7 @@ fn each_bad_picture_gets_its_own_error_and_the_rest_go_on() {
         write(dir.path(), "corrupt-middle.jpg", &corrupt),
     ];
     let json = dir.path().join("out.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_yolo-edge"))
+    let out = crate::runner::yolo_edge()
         .args(["detect", "--model"])
         .arg(fixture("yolov9t-ball.pt"))
         .args(["--device", "cpu", "--imgsz", "320", "--batch", "4", "--conf", "0.05", "--json"])
@@ -117,6 +117,8 @@ const AS_LIMIT: u64 = 3 << 29; // 1.5 GiB
 /// Runs `yolo-edge info <path>` under [`AS_LIMIT`]; returns its output and run time.
 fn info_limited(path: &Path) -> (std::process::Output, Duration) {
     use std::os::unix::process::CommandExt;
+    // started directly, also under a cross runner: the address-space limit is the binary's own,
+    // which under an emulator would bound the emulator instead
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_yolo-edge"));
     cmd.arg("info").arg(path);
     // SAFETY: the closure runs in the child between fork and exec; it only calls setrlimit, which

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
 use yolo_edge::detector::Detector;
@@ -12,10 +11,6 @@ use yolo_edge::model::{BuildOptions, HeadStyle, ModelError, Variant, YoloV9};
 use yolo_edge::weights::{Checkpoint, SourceFormat, WeightsError};
 
 use crate::common::*;
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_yolo-edge")
-}
 
 fn raw_on_fixtures(path: &Path, dtype: DType) -> Tensor {
     let det = Detector::load(path, &Device::Cpu, dtype, Some(320)).unwrap();
@@ -51,7 +46,7 @@ fn convert_round_trip_f32_and_f16() {
     let want = raw_on_fixtures(&src, DType::F32);
     for (dt, tol) in [("f32", 1e-5), ("f16", 5e-3)] {
         let out = dir.path().join(format!("t-{dt}.safetensors"));
-        let st = Command::new(bin()).args(["convert"]).arg(&src).arg(&out).args(["--dtype", dt]).status().unwrap();
+        let st = crate::runner::yolo_edge().args(["convert"]).arg(&src).arg(&out).args(["--dtype", dt]).status().unwrap();
         assert!(st.success());
         let ck = Checkpoint::load(&out).unwrap();
         assert_eq!(ck.format, SourceFormat::FusedSafetensors);
@@ -140,7 +135,7 @@ fn damaged_files_give_errors_not_panics() {
         let e = r.expect_err(name).to_string();
         assert!(e.contains(name), "{name}: error does not name the file: {e}");
         // and the CLI exits with the model error code, without a panic
-        let out = Command::new(bin()).args(["info"]).arg(&p).output().unwrap();
+        let out = crate::runner::yolo_edge().args(["info"]).arg(&p).output().unwrap();
         assert_eq!(out.status.code(), Some(4), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
     }

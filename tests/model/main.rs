@@ -9,4 +9,6 @@ mod formats;
 mod hostile;
 mod parity;
 mod resize;
+#[path = "../common/runner.rs"]
+mod runner;
 mod seeded;
