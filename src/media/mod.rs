@@ -235,7 +235,12 @@ pub fn build(input: &Input, pref: DecoderPref, mode: SinkMode, cb: Callbacks) ->
             gst_app::AppSinkCallbacks::builder()
                 .new_sample(move |sink| {
                     let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
-                    let frame = frame_of(&sample).map_err(|_| gst::FlowError::Error)?;
+                    let frame = frame_of(&sample).map_err(|e| {
+                        // the stream's error says why, not only GStreamer's "internal data stream error"
+                        let msg = gst::message::Error::builder(gst::StreamError::Format, &e.to_string()).src(sink).build();
+                        let _ = sink.post_message(msg);
+                        gst::FlowError::Error
+                    })?;
                     match on_frame(frame) {
                         FrameFlow::Continue => Ok(gst::FlowSuccess::Ok),
                         FrameFlow::Stop => Err(gst::FlowError::Flushing),
@@ -426,11 +431,29 @@ fn post_error(pipeline: &gst::Pipeline, e: &MediaError) {
     let _ = pipeline.post_message(msg);
 }
 
+/// Largest width or height of a frame taken from a stream (8K UHD is 7680 wide).
+pub const MAX_FRAME_SIDE: u32 = 8192;
+/// Largest frame taken from a stream, in pixels (8K UHD, 7680x4320, is 33.2 million): its RGB
+/// copy is at most 100 MB.
+pub const MAX_FRAME_PIXELS: u64 = 7680 * 4320;
+
+/// Refuses a frame size a stream should never have, before its RGB copy is allocated (a hostile
+/// file or camera can declare any size).
+pub fn check_frame_size(width: u32, height: u32) -> Result<(), MediaError> {
+    if width == 0 || height == 0 || width > MAX_FRAME_SIDE || height > MAX_FRAME_SIDE || width as u64 * height as u64 > MAX_FRAME_PIXELS {
+        return Err(MediaError::Stream(format!(
+            "frame {width}x{height} is outside the accepted sizes (sides 1..={MAX_FRAME_SIDE}, at most {MAX_FRAME_PIXELS} pixels)"
+        )));
+    }
+    Ok(())
+}
+
 /// Copies a sample's RGB picture out, row by row (GStreamer pads rows to 4 bytes).
 fn frame_of(sample: &gst::Sample) -> Result<Frame, MediaError> {
     let buffer = sample.buffer().ok_or_else(|| MediaError::Stream("sample without a buffer".into()))?;
     let caps = sample.caps().ok_or_else(|| MediaError::Stream("sample without caps".into()))?;
     let info = gst_video::VideoInfo::from_caps(caps).map_err(|e| MediaError::Stream(e.to_string()))?;
+    check_frame_size(info.width(), info.height())?;
     let vf = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer, &info).map_err(|e| MediaError::Stream(e.to_string()))?;
     let (w, h) = (vf.width() as usize, vf.height() as usize);
     let stride = vf.plane_stride()[0] as usize;
@@ -540,6 +563,17 @@ impl Drop for VideoReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frame_sizes_beyond_8k_are_refused() {
+        assert!(check_frame_size(1920, 1080).is_ok());
+        assert!(check_frame_size(7680, 4320).is_ok());
+        assert!(check_frame_size(8192, 4050).is_ok());
+        assert!(check_frame_size(8192, 8192).is_err());
+        assert!(check_frame_size(8193, 16).is_err());
+        assert!(check_frame_size(0, 1080).is_err());
+        assert!(check_frame_size(u32::MAX, u32::MAX).is_err());
+    }
 
     #[test]
     fn decoder_choice_falls_back_to_software() {
