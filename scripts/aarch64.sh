@@ -24,10 +24,11 @@ case "${1:-test}" in
   test)
     command -v qemu-aarch64-static >/dev/null || { echo "qemu-aarch64-static missing: scripts/aarch64.sh setup" >&2; exit 2; }
     rustup target list --installed | grep -qx "$TARGET" || { echo "no $TARGET standard library: scripts/aarch64.sh setup" >&2; exit 2; }
+    # tests that start the binary start it through the same qemu (tests/common/runner.rs), and
+    # time-bounded tests allow for emulation
+    export YOLO_EDGE_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu"
     cargo test --locked --target "$TARGET" --lib -- --test-threads="${TEST_THREADS:-2}"
-    # tests that start the binary start it through the same qemu (tests/common/runner.rs)
-    YOLO_EDGE_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
-      cargo test --locked --target "$TARGET" --test eval -- --test-threads="${TEST_THREADS:-2}"
+    cargo test --locked --target "$TARGET" --test eval -- --test-threads="${TEST_THREADS:-2}"
     ;;
   test-all)
     YOLO_EDGE_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \

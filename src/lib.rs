@@ -31,6 +31,15 @@ pub mod units;
 pub mod vision;
 pub mod weights;
 
+/// Held by the unit tests that read this process's own memory peak (`VmHWM`) and by those that
+/// build whole models: the tests of one binary share a process, and a model built on one test
+/// thread would otherwise inflate the peak another test measures.
+#[cfg(test)]
+pub(crate) fn process_memory_test_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The layering above, checked on the source: a module names only itself and the layers below
 /// it (`crate::x` paths, comments included, so that docs do not point upward either).
 #[cfg(test)]

@@ -309,6 +309,7 @@ mod tests {
 
     #[test]
     fn cpu_memory_and_peak_are_read() {
+        let _memory = crate::process_memory_test_lock();
         let m = device_memory(&Device::Cpu).unwrap();
         assert!(m.total > 0 && m.free <= m.total);
         let meter = PeakMeter::new(&Device::Cpu);

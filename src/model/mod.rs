@@ -425,6 +425,7 @@ mod tests {
     /// type of YOLOv9 (t: ELAN1, AConv, SPPELAN; e: RepNCSPELAN4, ADown, CBLinear/CBFuse).
     #[test]
     fn nhwc_graph_equals_nchw() {
+        let _memory = crate::process_memory_test_lock();
         for variant in [Variant::T, Variant::E] {
             let ck = crate::model::random::random_checkpoint(variant, 7).unwrap();
             let build = |lay| {

@@ -161,6 +161,7 @@ mod tests {
 
     #[test]
     fn random_t_builds_and_runs() {
+        let _memory = crate::process_memory_test_lock();
         use crate::model::{BuildOptions, YoloV9};
         let ck = random_checkpoint(Variant::T, 0).unwrap();
         let m = YoloV9::from_checkpoint(&ck, &BuildOptions::new(Device::Cpu, candle_core::DType::F32)).unwrap();

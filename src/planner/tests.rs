@@ -305,6 +305,7 @@ fn rejects_bad_settings() {
 
 #[test]
 fn plans_a_real_model_on_the_cpu_within_a_small_limit() {
+    let _memory = crate::process_memory_test_lock();
     use crate::model::{BuildOptions, Variant, YoloV9};
     let ck = crate::model::random::random_checkpoint(Variant::T, 0).unwrap();
     let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(candle_core::Device::Cpu, candle_core::DType::F32)).unwrap();

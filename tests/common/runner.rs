@@ -7,7 +7,7 @@ use std::process::Command;
 /// target through its runner (`.cargo/config.toml`: qemu for aarch64) but not the programs they
 /// start, so a test that starts the binary starts it through the command line in
 /// `YOLO_EDGE_TEST_RUNNER` when that is set (`scripts/aarch64.sh test` sets it to the same qemu
-/// command); otherwise directly.
+/// command; time-bounded unit tests read it too, to allow for emulation); otherwise directly.
 pub fn yolo_edge() -> Command {
     let bin = env!("CARGO_BIN_EXE_yolo-edge");
     let runner = std::env::var("YOLO_EDGE_TEST_RUNNER").unwrap_or_default();
