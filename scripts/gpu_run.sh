@@ -392,7 +392,10 @@ if has cameras; then
   # carried: $DEV/gst.tar.xz (scripts/gst-bundle.sh, with mosquitto in bin/), $DEV/$CAM_CLIP,
   # $DIST/video_bench.xz (examples/video_bench.rs, built beside the binary)
   G="$W/gst"; rm -rf "$G"; mkdir -p "$G"; tar -C "$G" -xJf "$DEV/gst.tar.xz" --strip-components=1
-  gstenv() { env LD_LIBRARY_PATH="$G/lib:$LD_LIBRARY_PATH" GST_PLUGIN_SYSTEM_PATH="$G/plugins" GST_PLUGIN_SCANNER="$G/libexec/gst-plugin-scanner" GST_REGISTRY="$W/gst-registry.bin" "$@"; }
+  # the bundle's plugins for every program of the step; its libraries only for ours (python3
+  # keeps the machine's own)
+  export GST_PLUGIN_SYSTEM_PATH="$G/plugins" GST_PLUGIN_SCANNER="$G/libexec/gst-plugin-scanner" GST_REGISTRY="$W/gst-registry.bin"
+  gstenv() { env LD_LIBRARY_PATH="$G/lib:$LD_LIBRARY_PATH" "$@"; }
   CLIP="$DEV/${CAM_CLIP:-h264-1920x1080-30s.mp4}"
   say "NVDEC library: $(ls /usr/local/nvidia/lib64/libnvcuvid.so* /usr/lib/x86_64-linux-gnu/libnvcuvid.so* /usr/lib64/libnvcuvid.so* 2>/dev/null | tr '\n' ' ')"
   xz -dc "$DIST/video_bench.xz" > "$W/video_bench" && chmod +x "$W/video_bench"
@@ -402,13 +405,12 @@ if has cameras; then
   done
   # the bundle has no software decoder: without NVDEC the streams would have none
   if grep -q "(nvh264dec)" "$W/video_bench-nvdec.txt"; then
-  GST_PLUGIN_SYSTEM_PATH="$G/plugins" GST_PLUGIN_SCANNER="$G/libexec/gst-plugin-scanner" GST_REGISTRY="$W/gst-registry.bin" \
     python3 "$HERE/bench_streams.py" "$BIN" "$CLIP" --device cuda:0 --streams "${CAM_STREAMS:-1,4,8,16}" --modes "${CAM_MODES:-fast,realtime}" \
-    --mosquitto "$G/bin/mosquitto" --ld-library-path "$G/lib:$LD_LIBRARY_PATH" --seconds "${CAM_SECONDS:-15}" --warmup "${CAM_WARMUP:-3}" \
-    --startup 90 --out "$W/streams" ${CAM_EXTRA:-} 2> "$W/streams.log" | tee -a "$SUM"
-  grep -h "arena created" "$W"/streams/*/agent.log | sed 's/\x1b\[[0-9;]*m//g' | head -3 | tee -a "$SUM"
-  tail -5 "$W/streams.log" >> "$SUM"
-  cp "$W/streams/results.json" "$OUT/streams.json" 2>/dev/null
+      --mosquitto "$G/bin/mosquitto" --ld-library-path "$G/lib:$LD_LIBRARY_PATH" --seconds "${CAM_SECONDS:-15}" --warmup "${CAM_WARMUP:-3}" \
+      --startup 90 --out "$W/streams" ${CAM_EXTRA:-} 2> "$W/streams.log" | tee -a "$SUM"
+    grep -h "arena created" "$W"/streams/*/agent.log | sed 's/\x1b\[[0-9;]*m//g' | head -3 | tee -a "$SUM"
+    tail -5 "$W/streams.log" >> "$SUM"
+    cp "$W/streams/results.json" "$OUT/streams.json" 2>/dev/null
   else
     say "no NVDEC decoder: the streams were not run"
   fi

@@ -216,6 +216,16 @@ fn iou(a: [f64; 4], b: [f64; 4]) -> f64 {
     iw * ih / (area(a) + area(b) - iw * ih)
 }
 
+/// One frame's detections are `detect`'s for the same frame: as many, and pairwise the same
+/// class, IoU >= 0.99 and confidence within 1e-3.
+fn assert_like_detect(what: &str, ours: &[Detection], theirs: &[Detection]) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: {ours:?} vs detect's {theirs:?}");
+    for (a, b) in ours.iter().zip(theirs) {
+        let x = iou(a.bbox.map(f64::from), b.bbox.map(f64::from));
+        assert!(a.class_id == b.class_id && x >= 0.99 && (a.confidence - b.confidence).abs() <= 1e-3, "{what}: {a:?} vs {b:?}");
+    }
+}
+
 fn detect_video(clip: &Path, imgsz: usize) -> Vec<Vec<Detection>> {
     let json = clip.with_extension("jsonl");
     let out = yolo_edge()
@@ -301,13 +311,8 @@ fn rtsp_h264_h265_frames_match_detect_and_the_drawn_truth() {
             assert!(capture_ts.ends_with('Z'), "{d:?}");
             assert!(d.latency_ms.capture_to_publish.is_some_and(|l| l >= 0.0), "{d:?}");
             let ours = &d.detections;
-            assert_eq!(ours.len(), theirs.len(), "{s} frame {i}: {ours:?} vs detect's {theirs:?}");
-            for (a, b) in ours.iter().zip(theirs) {
-                assert_eq!(a.class_id, b.class_id, "{s} frame {i}");
-                let x = iou(a.bbox.map(f64::from), b.bbox.map(f64::from));
-                assert!(x >= 0.99 && (a.confidence - b.confidence).abs() <= 1e-3, "{s} frame {i}: {a:?} vs {b:?}");
-                boxes += 1;
-            }
+            assert_like_detect(&format!("{s} frame {i}"), ours, theirs);
+            boxes += ours.len();
             for o in &truth[i] {
                 drawn += 1;
                 if ours.iter().any(|p| p.class_id == o.shape.class_id() && iou(p.bbox.map(f64::from), o.bbox) >= 0.5) {
@@ -590,11 +595,7 @@ fn video_file_fast_pacing_publishes_every_frame_then_ends() {
     assert_eq!(m["file"].keys().copied().collect::<Vec<_>>(), (0..N as u64).collect::<Vec<_>>());
     assert_eq!(col.detections().len(), N, "a frame published twice");
     for (i, theirs) in want.iter().enumerate() {
-        let ours = &m["file"][&(i as u64)].detections;
-        assert_eq!(ours.len(), theirs.len(), "frame {i}");
-        for (a, b) in ours.iter().zip(theirs) {
-            assert!(a.class_id == b.class_id && iou(a.bbox.map(f64::from), b.bbox.map(f64::from)) >= 0.99, "frame {i}: {a:?} vs {b:?}");
-        }
+        assert_like_detect(&format!("frame {i}"), &m["file"][&(i as u64)].detections, theirs);
     }
     assert_eq!(stream_events(&col, "source_error", "file"), 0);
     assert!(col.events("decoder_fallback").is_empty(), "decoder = \"cpu\" asks for no hardware decoder");
@@ -633,11 +634,7 @@ fn uri_source_reads_a_file_uri_then_ends() {
     let got = m.get("u").expect("frames of the uri source");
     assert!(!got.is_empty());
     for (&i, d) in got {
-        let theirs = &want[i as usize];
-        assert_eq!(d.detections.len(), theirs.len(), "frame {i}");
-        for (a, b) in d.detections.iter().zip(theirs) {
-            assert!(a.class_id == b.class_id && iou(a.bbox.map(f64::from), b.bbox.map(f64::from)) >= 0.99, "frame {i}: {a:?} vs {b:?}");
-        }
+        assert_like_detect(&format!("frame {i}"), &d.detections, &want[i as usize]);
     }
     assert_eq!(stream_events(&col, "source_error", "u"), 0);
     wait_until(Duration::from_secs(20), "telemetry: ended, every frame in", || {

@@ -83,27 +83,28 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
     );
     let opts =
         EvalOptions { thresholds: Thresholds { conf: a.conf, iou: a.iou, max_det: a.max_det }, batch: a.batch, ..Default::default() };
-    let total_unknown = !ds.videos.is_empty();
-    let mut last_pct = 0;
+    // what the progress line last showed: a tenth of the total, or (a split with videos, whose
+    // frames are counted only as they are read) a count of pictures and frames
+    let mut shown = 0;
     let mut progress = |done: usize, total: Option<usize>| match total {
         Some(total) => {
-            let pct = done * 10 / total.max(1);
-            if pct > last_pct {
-                last_pct = pct;
+            let tenth = done * 10 / total.max(1);
+            if tenth > shown {
+                shown = tenth;
                 eprint!("\r{done}/{total} images");
                 if done == total {
                     eprintln!();
                 }
             }
         }
-        None if done >= last_pct + 100 => {
-            last_pct = done;
+        None if done >= shown + 100 => {
+            shown = done;
             eprint!("\r{done} images and frames");
         }
         None => {}
     };
     let report = eval::evaluate(&det, &ds, &opts, &mut progress)?;
-    if total_unknown {
+    if !ds.videos.is_empty() {
         eprintln!();
     }
     for s in &report.skipped {
