@@ -6,9 +6,9 @@
 # Usage (from the repo root). What it needs travels in git-ignored folders, named by env vars:
 #   $DIST/yolo-edge-cuda-sm90-cudnn.xz  (scripts/build-cuda.sh 90 --cudnn; DIST defaults to dist;
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
-#   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py   (DEV=.dev)
+#   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded graphcheck ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -24,6 +24,8 @@
 #      BEFORE_XZ ROUNDS (3) BA_VARIANTS (t,c) BA_BATCHES (1,128) BA_ITERS (20): step beforeafter
 #      CAM_CLIP (h264-1920x1080-30s.mp4, under $DEV) CAM_STREAMS (1,4,8,16) CAM_MODES (fast,realtime)
 #      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
+#      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
+#      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -52,7 +54,7 @@ xz -dc "$DIST/${BIN_XZ:-yolo-edge-cuda-sm90-cudnn.xz}" > "$BIN" && chmod +x "$BI
 SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
-if has parity || has seeded || has torch || has torchprofile || has ballast; then
+if has parity || has seeded || has torch || has torchprofile || has ballast || has ladder || has compile; then
   mkdir -p "$W/site" && python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHL"/*.whl >/dev/null 2>&1
 fi
 export PYTHONPATH="$W/site"
@@ -107,6 +109,49 @@ if has e2e; then
     echo "rc=$?" >> "$W/bench-e2e-$v.log"
     cat "$W/bench-e2e-$v.md" >> "$SUM"
   done
+fi
+
+if has graphcheck; then
+  say "## CUDA graphs against eager passes (yolov9t-ball.pt, square, 3 pictures): raw outputs, max |diff|"
+  # --batch 4 with 3 pictures: one graph captured at 4, the third row padding; --batch 1: three
+  # replays of the batch-1 graph; eager: --cuda-graphs off
+  for dt in f32 f16; do
+    for run in "eager 3 off" "pad4 4 on" "b1 1 on"; do
+      read -r tag b g <<<"$run"
+      timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --fit square --batch "$b" --cuda-graphs "$g" --conf 0.01 \
+        --raw-out "$W/gc-$tag-$dt.npy" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg "$DEV"/horses.jpg >>"$W/graphcheck.log" 2>&1
+    done
+    python3 - "$W" "$dt" <<'PY' 2>&1 | tee -a "$SUM"
+import sys, numpy as np
+w, dt = sys.argv[1:]
+e = np.load(f"{w}/gc-eager-{dt}.npy")
+for tag in ("pad4", "b1"):
+    g = np.load(f"{w}/gc-{tag}-{dt}.npy")
+    print(f"{dt} {tag}: shape {g.shape} vs {e.shape}, max |graph - eager| = {np.abs(g.astype(np.float64) - e).max():.3g}")
+PY
+  done
+fi
+
+if has ladder; then
+  LB="${LADDER_BATCHES:-1,2,4,8,16,32,64,128,256}"
+  say "## yolo-edge bench f16 model only, CUDA graphs for every batch (default) and eager (--cuda-graphs off), beside PyTorch eager (both layouts)"
+  timeout "${LADDER_TIMEOUT:-240}" "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$LB" --mode model --warmup 3 --iters "${LADDER_ITERS:-1000}" --out "$W/ladder-graphs" > "$W/ladder-graphs.md" 2> "$W/ladder-graphs.log"
+  echo "rc=$?" >> "$W/ladder-graphs.log"
+  timeout "${LADDER_TIMEOUT:-240}" "$BIN" bench --device cuda:0 --variants "${LADDER_EAGER_VARIANTS:-t,c}" --dtype f16 --batches "$LB" --mode model --warmup 3 --iters 100 --cuda-graphs off --out "$W/ladder-eager" > "$W/ladder-eager.md" 2> "$W/ladder-eager.log"
+  echo "rc=$?" >> "$W/ladder-eager.log"
+  VARIANTS="$VARIANTS" BATCHES="$LB" MODES=fp16,fp16cl OUT="$W" timeout "${TORCH_TIMEOUT:-240}" python3 "$DEV"/bench_torch.py > "$W/torch.log" 2>&1
+  echo "rc=$?" >> "$W/torch.log"
+  python3 "$HERE/bench_compare.py" --ours "$W/ladder-graphs/bench.json" --eager "$W/ladder-eager/bench.json" --torch "$W/torch_bench.json" \
+    ${COMPILE_JSON:+--compile "$COMPILE_JSON"} 2>&1 | tee -a "$SUM"
+  cp "$W/torch_bench.json" "$W/ladder-graphs/bench.json" "$OUT/" 2>/dev/null
+fi
+
+if has compile; then
+  say "## torch.compile (reduce-overhead: CUDA graphs), channels-last f16"
+  VARIANTS="${COMPILE_VARIANTS:-t,s,c}" BATCHES="${COMPILE_BATCHES:-1,8,64}" OUT="$W" timeout "${COMPILE_TIMEOUT:-420}" python3 "$DEV"/bench_compile.py > "$W/compile.log" 2>&1
+  echo "rc=$?" >> "$W/compile.log"
+  cat "$W/torch_compile.json" >> "$SUM" 2>/dev/null; echo >> "$SUM"
+  cp "$W/torch_compile.json" "$OUT/" 2>/dev/null
 fi
 
 if has graphab; then

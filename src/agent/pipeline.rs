@@ -222,6 +222,8 @@ impl Pipeline {
             stats: st,
         };
         threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || b.run())?);
+        // graphs for the batch sizes this worker runs: a ladder up to its batch
+        detector.set_graph_ladder(startup_batch);
         let worker = Worker {
             detector,
             model: model.clone(),
@@ -591,6 +593,7 @@ impl Worker {
         if b != self.current {
             self.events.emit(EventBody::BatchChange { from: self.current, to: b, startup: self.startup, reason });
             self.current = b;
+            self.detector.set_graph_ladder(b);
             self.last_change = Instant::now();
             self.stats.batch_current.store(b as u64, Relaxed);
         }
@@ -653,6 +656,7 @@ impl Worker {
 
     fn swap(&mut self, d: Detector) {
         let meta = ModelMeta::of(&d);
+        d.set_graph_ladder(self.current);
         let old = std::mem::replace(&mut self.detector, d);
         let old_meta = ModelMeta::of(&old);
         drop(old);

@@ -13,11 +13,18 @@
 //!
 //! How: a process-wide hook in cudarc (`scripts/patches/cudarc-alloc-hook.patch`, applied by
 //! `scripts/build-cuda.sh`; cargo feature `arena`) asks this module before the pool. Only
-//! threads inside [`serve`] are served (the detector's passes: model weights stay in the pool),
-//! never a stream that is being captured into a CUDA graph ([`pause`]). Frees are taken back
-//! in host order, which is safe because an arena serves one stream per thread (candle's
-//! per-thread stream), exactly the reuse the pool itself allows on one stream.
+//! threads inside [`serve`] are served (the detector's passes: model weights stay in the pool).
+//! Frees are taken back in host order, which is safe because an arena serves one stream per
+//! thread (candle's per-thread stream), exactly the reuse the pool itself allows on one stream.
 //! `[tuning] allocator = "pool"` turns it off.
+//!
+//! CUDA graphs: a captured graph keeps the addresses its pass was given, so a capture
+//! ([`serve_graph`]) allocates in a second region of the same size, which eager passes never
+//! touch. Every graph of the process shares that region: graphs replay one at a time on the
+//! inference thread's stream, each needing its memory only while it runs, so after a capture
+//! the region's blocks are all taken back ([`release_graph_region`]) and the next capture lays
+//! its pass over the same addresses. The region therefore holds the largest captured pass, not
+//! the sum of them, and stays mapped while any graph lives ([`GraphHold`]).
 //!
 //! [`Placement`] is the allocator itself, host-side arithmetic only (tested on every machine).
 
@@ -173,7 +180,7 @@ pub fn wanted() -> bool {
 #[must_use = "the arena serves this thread only while the guard lives"]
 pub struct Serving {
     #[cfg(feature = "arena")]
-    prev: Option<usize>,
+    prev: Option<vmm::Target>,
     #[cfg(feature = "arena")]
     active: bool,
 }
@@ -202,7 +209,7 @@ pub fn serve(device: &candle_core::Device) -> Serving {
         if let candle_core::Device::Cuda(d) = device {
             if wanted() {
                 if let Some(idx) = vmm::arena_for(d) {
-                    let prev = vmm::SERVING.with(|s| s.replace(Some(idx)));
+                    let prev = vmm::SERVING.with(|s| s.replace(Some(vmm::Target { idx, graph: false })));
                     return Serving { prev, active: true };
                 }
             }
@@ -225,27 +232,68 @@ impl Drop for Serving {
     }
 }
 
-/// While alive, this thread's allocations bypass the arena (a CUDA graph capture: a captured
-/// graph keeps the addresses it was given, and eager passes would reuse them).
-#[must_use = "the arena is paused only while the guard lives"]
-pub struct Paused {
-    #[cfg(feature = "arena")]
-    prev: Option<usize>,
-}
-
-pub fn pause() -> Paused {
+/// While alive, this thread's allocations on `device` come from the arena's graph region (a CUDA
+/// graph capture); where there is no arena they bypass it, so that a capture never takes
+/// addresses that eager passes reuse (CUDA's graph memory pool then holds the pass).
+pub fn serve_graph(device: &candle_core::Device) -> Serving {
     #[cfg(feature = "arena")]
     {
-        Paused { prev: vmm::SERVING.with(|s| s.replace(None)) }
+        let target = match device {
+            candle_core::Device::Cuda(d) if wanted() => vmm::arena_for(d).map(|idx| vmm::Target { idx, graph: true }),
+            _ => None,
+        };
+        let prev = vmm::SERVING.with(|s| s.replace(target));
+        Serving { prev, active: true }
     }
     #[cfg(not(feature = "arena"))]
-    Paused {}
+    {
+        let _ = device;
+        Serving {}
+    }
 }
 
-impl Drop for Paused {
+/// Takes back every block of `device`'s graph region after a capture; returns how many were
+/// live (the captured graph's own input and output buffers, and anything the pass kept, which
+/// would be a bug: it would be overwritten by the next capture). `None` where there is no arena.
+pub fn release_graph_region(device: &candle_core::Device) -> Option<usize> {
+    #[cfg(feature = "arena")]
+    if let candle_core::Device::Cuda(d) = device {
+        return vmm::release_graph_region(d);
+    }
+    let _ = device;
+    None
+}
+
+/// Keeps `device`'s graph region mapped while alive (one per captured graph).
+#[must_use = "the graph region may be unmapped once the hold drops"]
+pub struct GraphHold {
+    #[cfg(feature = "arena")]
+    device: Option<candle_core::CudaDevice>,
+}
+
+/// A hold on `device`'s graph region for one captured graph.
+pub fn hold_graph_region(device: &candle_core::Device) -> GraphHold {
+    #[cfg(feature = "arena")]
+    {
+        let device = match device {
+            candle_core::Device::Cuda(d) if vmm::hold(d, 1) => Some(d.clone()),
+            _ => None,
+        };
+        GraphHold { device }
+    }
+    #[cfg(not(feature = "arena"))]
+    {
+        let _ = device;
+        GraphHold {}
+    }
+}
+
+impl Drop for GraphHold {
     fn drop(&mut self) {
         #[cfg(feature = "arena")]
-        vmm::SERVING.with(|s| s.set(self.prev));
+        if let Some(d) = &self.device {
+            vmm::hold(d, -1);
+        }
     }
 }
 
@@ -294,23 +342,39 @@ mod vmm {
     /// much of its neighbourhood mapped after a trim.
     const PIECE: u64 = 32 << 20;
 
+    /// What serves a thread: an arena, and which of its regions.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Target {
+        pub idx: usize,
+        /// the graph region (a capture), not the eager one
+        pub graph: bool,
+    }
+
     thread_local! {
-        /// Index of the arena serving this thread now.
-        pub(super) static SERVING: Cell<Option<usize>> = const { Cell::new(None) };
+        /// The arena region serving this thread now.
+        pub(super) static SERVING: Cell<Option<Target>> = const { Cell::new(None) };
     }
 
     struct Arena {
         ordinal: usize,
         /// the stream this arena serves (candle's stream handle for the device)
         stream: usize,
+        /// start of the reservation: the eager region `[0, size)`, then the graph region
+        /// `[size, 2 size)` (offsets below are from `base`)
         base: sys::CUdeviceptr,
         size: u64,
         granule: u64,
         place: Placement,
+        /// placement in the graph region (offsets from `base + size`)
+        graph_place: Placement,
+        /// captured graphs alive that replay over the graph region
+        graph_holds: usize,
         /// offset -> (length, handle) of each mapped piece
         pieces: BTreeMap<u64, (u64, sys::CUmemGenericAllocationHandle)>,
         mapped: u64,
         mapped_high: u64,
+        /// of `mapped`, the graph region's
+        graph_mapped: u64,
         prop: sys::CUmemAllocationProp,
     }
 
@@ -376,13 +440,28 @@ mod vmm {
             }
             self.pieces.insert(off, (len, h));
             self.mapped += len;
+            if off >= self.size {
+                self.graph_mapped += len;
+            }
             self.mapped_high = self.mapped_high.max(self.mapped);
             Ok(())
         }
 
-        /// Unmaps every piece no live block touches (the device must be idle).
+        /// Unmaps every piece no live block touches, and the graph region's only when no graph
+        /// replays over it (the device must be idle).
         fn trim(&mut self) {
-            let idle: Vec<u64> = self.pieces.iter().filter(|(&s, &(l, _))| self.place.is_free(s, l)).map(|(&s, _)| s).collect();
+            let idle: Vec<u64> = self
+                .pieces
+                .iter()
+                .filter(|(&s, &(l, _))| {
+                    if s < self.size {
+                        self.place.is_free(s, l)
+                    } else {
+                        self.graph_holds == 0 && self.graph_place.is_free(s - self.size, l)
+                    }
+                })
+                .map(|(&s, _)| s)
+                .collect();
             for s in idle {
                 if let Some((l, h)) = self.pieces.remove(&s) {
                     // SAFETY: the piece is mapped at base + s with handle h, and no live block
@@ -392,12 +471,24 @@ mod vmm {
                         sys::cuMemRelease(h);
                     }
                     self.mapped -= l;
+                    if s >= self.size {
+                        self.graph_mapped -= l;
+                    }
                 }
             }
         }
 
+        /// The graph region counts as used in full while a graph holds it: its replays use
+        /// all of it, without the allocations the placement would see.
         fn stats(&self) -> ArenaStats {
-            ArenaStats { used: self.place.used(), mapped: self.mapped, used_high: self.place.used_high(), mapped_high: self.mapped_high }
+            let graphs = if self.graph_holds > 0 { self.graph_mapped } else { self.graph_place.used() };
+            let graphs_high = if self.graph_holds > 0 { self.graph_mapped } else { self.graph_place.used_high() };
+            ArenaStats {
+                used: self.place.used() + graphs,
+                mapped: self.mapped,
+                used_high: self.place.used_high() + graphs_high,
+                mapped_high: self.mapped_high,
+            }
         }
     }
 
@@ -405,19 +496,24 @@ mod vmm {
         if bytes == 0 {
             return None;
         }
-        let idx = SERVING.with(|s| s.get())?;
+        let t = SERVING.with(|s| s.get())?;
         let mut all = arenas();
-        let a = all.get_mut(idx)?;
+        let a = all.get_mut(t.idx)?;
         if a.stream != stream as usize {
             return None;
         }
-        let (off, len) = a.place.alloc(bytes as u64)?;
-        if a.ensure_mapped(off, len).is_err() {
+        let (region, place) = if t.graph { (a.size, &mut a.graph_place) } else { (0, &mut a.place) };
+        let (off, len) = place.alloc(bytes as u64)?;
+        if a.ensure_mapped(region + off, len).is_err() {
             // out of device memory: the pool gets its chance, and reports the error if it fails
-            a.place.free(off);
+            if t.graph {
+                a.graph_place.free(off);
+            } else {
+                a.place.free(off);
+            }
             return None;
         }
-        Some(a.base + off)
+        Some(a.base + region + off)
     }
 
     fn hook_free(ptr: sys::CUdeviceptr) -> bool {
@@ -425,6 +521,11 @@ mod vmm {
         for a in all.iter_mut() {
             if ptr >= a.base && ptr < a.base + a.size {
                 a.place.free(ptr - a.base);
+                return true;
+            }
+            if ptr >= a.base + a.size && ptr < a.base + 2 * a.size {
+                // a released graph buffer is no longer live there: nothing to take back
+                a.graph_place.free(ptr - a.base - a.size);
                 return true;
             }
         }
@@ -481,8 +582,9 @@ mod vmm {
         let granule = (granule as u64).max(super::ALIGN);
         let size = super::reservation_size(total as u64, super::RESERVATION_CAP.load(std::sync::atomic::Ordering::Relaxed), granule);
         let mut base: sys::CUdeviceptr = 0;
-        // SAFETY: reserves address space only; out-pointer to a local.
-        ok(unsafe { sys::cuMemAddressReserve(&mut base, size as usize, granule as usize, 0, 0) })
+        // SAFETY: reserves address space only (the eager and the graph region); out-pointer to a
+        // local.
+        ok(unsafe { sys::cuMemAddressReserve(&mut base, 2 * size as usize, granule as usize, 0, 0) })
             .map_err(|e| format!("cuMemAddressReserve: {e:?}"))?;
         Ok(Arena {
             ordinal: ctx.ordinal(),
@@ -491,9 +593,12 @@ mod vmm {
             size,
             granule,
             place: Placement::new(size),
+            graph_place: Placement::new(size),
+            graph_holds: 0,
             pieces: BTreeMap::new(),
             mapped: 0,
             mapped_high: 0,
+            graph_mapped: 0,
             prop,
         })
     }
@@ -507,9 +612,26 @@ mod vmm {
         with(d, |a| a.stats())
     }
 
+    pub(super) fn release_graph_region(d: &CudaDevice) -> Option<usize> {
+        with(d, |a| {
+            let live = a.graph_place.live_blocks();
+            let high = a.graph_place.used_high();
+            a.graph_place = Placement::new(a.size);
+            // the high-water mark of the capture stays readable until the next reset
+            a.graph_place.used_high = high;
+            live
+        })
+    }
+
+    /// Adds `delta` holds on the graph region; `false` where `d` has no arena.
+    pub(super) fn hold(d: &CudaDevice, delta: isize) -> bool {
+        with(d, |a| a.graph_holds = a.graph_holds.saturating_add_signed(delta)).is_some()
+    }
+
     pub(super) fn reset_high(d: &CudaDevice) {
         with(d, |a| {
             a.place.reset_high();
+            a.graph_place.reset_high();
             a.mapped_high = a.mapped;
         });
     }

@@ -33,16 +33,43 @@ pub struct Row {
     pub mode: String,
     pub batch: usize,
     pub status: Status,
-    /// Median latency of one batch (ms).
+    /// Median (p50) wall-clock latency of one batch (ms): the host's call until the device is
+    /// done.
     pub latency_ms: Option<f64>,
+    /// 99th percentile of the wall-clock latency (ms).
+    pub p99_ms: Option<f64>,
     pub min_ms: Option<f64>,
     pub max_ms: Option<f64>,
+    /// Median and 99th percentile of the device's own time per batch (ms, CUDA events around
+    /// the call); none on the CPU.
+    pub device_p50_ms: Option<f64>,
+    pub device_p99_ms: Option<f64>,
     /// batch / median latency.
     pub images_per_s: Option<f64>,
     /// Peak device memory above the resident model during one batch (MiB).
     pub peak_mib: Option<f64>,
     pub iters: usize,
     pub error: Option<String>,
+}
+
+/// The `p`-th percentile (0-100, nearest rank) of `v`; `None` when `v` is empty. Sorts `v`.
+pub fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0 * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
+}
+
+/// The median of `v` (the mean of the middle two for an even count); `None` when empty. Sorts `v`.
+pub fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
 }
 
 impl Row {
@@ -57,7 +84,9 @@ fn f(v: Option<f64>, prec: usize) -> String {
 
 /// The Markdown table.
 pub fn markdown(rows: &[Row]) -> String {
-    let mut s = String::from("| model | dtype | mode | batch | peak memory (MiB) | MiB/image | latency (ms) | throughput (img/s) |\n|---|---|---|---:|---:|---:|---:|---:|\n");
+    let mut s = String::from(
+        "| model | dtype | mode | batch | peak memory (MiB) | MiB/image | latency (ms) | throughput (img/s) | p99 (ms) | device p50 (ms) | device p99 (ms) |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
     for r in rows {
         let (peak, lat, ips) = match r.status {
             Status::Ok => (f(r.peak_mib, 1), f(r.latency_ms, 2), f(r.images_per_s, 1)),
@@ -65,7 +94,7 @@ pub fn markdown(rows: &[Row]) -> String {
             Status::Error => ("error".into(), "-".into(), "-".into()),
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.model,
             r.dtype,
             r.mode,
@@ -73,7 +102,10 @@ pub fn markdown(rows: &[Row]) -> String {
             peak,
             f(r.per_image_mib(), 1),
             lat,
-            ips
+            ips,
+            f(r.p99_ms, 2),
+            f(r.device_p50_ms, 3),
+            f(r.device_p99_ms, 3)
         ));
     }
     s
@@ -89,7 +121,9 @@ fn csv_field(s: &str) -> String {
 
 /// CSV with a header line.
 pub fn csv(rows: &[Row]) -> String {
-    let mut s = String::from("model,dtype,mode,batch,status,latency_ms,min_ms,max_ms,images_per_s,peak_mib,mib_per_image,iters,error\n");
+    let mut s = String::from(
+        "model,dtype,mode,batch,status,latency_ms,min_ms,max_ms,images_per_s,peak_mib,mib_per_image,iters,error,p99_ms,device_p50_ms,device_p99_ms\n",
+    );
     for r in rows {
         let status = match r.status {
             Status::Ok => "ok",
@@ -97,7 +131,7 @@ pub fn csv(rows: &[Row]) -> String {
             Status::Error => "error",
         };
         s.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             csv_field(&r.model),
             r.dtype,
             r.mode,
@@ -110,7 +144,10 @@ pub fn csv(rows: &[Row]) -> String {
             f(r.peak_mib, 1),
             f(r.per_image_mib(), 2),
             r.iters,
-            csv_field(r.error.as_deref().unwrap_or(""))
+            csv_field(r.error.as_deref().unwrap_or("")),
+            f(r.p99_ms, 3),
+            f(r.device_p50_ms, 4),
+            f(r.device_p99_ms, 4)
         ));
     }
     s
@@ -207,8 +244,11 @@ mod tests {
             batch,
             status,
             latency_ms: ok.then_some(2.0 * batch as f64),
+            p99_ms: ok.then_some(2.4 * batch as f64),
             min_ms: ok.then_some(1.9 * batch as f64),
             max_ms: ok.then_some(2.5 * batch as f64),
+            device_p50_ms: ok.then_some(1.5 * batch as f64),
+            device_p99_ms: None,
             images_per_s: ok.then_some(500.0),
             peak_mib: ok.then_some(100.0 + 20.0 * batch as f64),
             iters: 5,
@@ -222,10 +262,24 @@ mod tests {
         let md = markdown(&rows);
         assert_eq!(md.lines().count(), 5);
         assert!(md.contains("| yolov9t | f16 | model | 4 | **OOM** |"));
-        assert!(md.contains("| 2 | 140.0 | 70.0 | 4.00 | 500.0 |"));
+        assert!(md.contains("| 2 | 140.0 | 70.0 | 4.00 | 500.0 | 4.80 | 3.000 |  |"), "{md}");
         let c = csv(&rows);
         assert_eq!(c.lines().count(), 4);
-        assert!(c.lines().nth(3).unwrap().ends_with(",oom,,,,,,,5,\"CUDA_ERROR_OUT_OF_MEMORY, \"\"out of memory\"\"\""));
+        assert!(c.lines().nth(1).unwrap().ends_with(",5,,2.400,1.5000,"), "{c}");
+        assert!(c.lines().nth(3).unwrap().ends_with(",oom,,,,,,,5,\"CUDA_ERROR_OUT_OF_MEMORY, \"\"out of memory\"\"\",,,"));
+    }
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let mut v: Vec<f64> = (1..=1000).rev().map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 50.0), Some(500.0));
+        assert_eq!(percentile(&mut v, 99.0), Some(990.0));
+        assert_eq!(percentile(&mut v, 100.0), Some(1000.0));
+        assert_eq!(percentile(&mut v, 0.0), Some(1.0));
+        assert_eq!(percentile(&mut [7.0], 99.0), Some(7.0));
+        assert_eq!(percentile(&mut [], 50.0), None);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), Some(2.5));
     }
 
     #[test]

@@ -55,7 +55,8 @@ pub struct BenchArgs {
     /// Untimed runs before timing each batch.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
-    /// Timed runs per batch (median reported); fewer for large batches: max(3, min(iters, 512 / batch)).
+    /// Timed runs per batch (p50 and p99 reported); fewer for large batches: max(3, min(iters,
+    /// 1000 / batch)).
     #[arg(long, default_value_t = 20)]
     iters: usize,
     /// Seed of random-weight models.
@@ -107,16 +108,6 @@ fn collect_images(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
         }
     }
     Ok(out)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// What one timed batch run needs.
@@ -194,15 +185,21 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
         batch,
         status: Status::Ok,
         latency_ms: None,
+        p99_ms: None,
         min_ms: None,
         max_ms: None,
+        device_p50_ms: None,
+        device_p99_ms: None,
         images_per_s: None,
         peak_mib: None,
         iters: 0,
         error: None,
     };
-    let iters = a.iters.min(512 / batch).max(3);
-    let r = (|| -> candle_core::Result<(Vec<f64>, u64)> {
+    let iters = a.iters.min(1000 / batch).max(3);
+    // each batch size is measured alone: the graphs of smaller batches would hold their memory
+    det.drop_graphs();
+    let _ = meter.trim();
+    let r = (|| -> candle_core::Result<(Vec<f64>, Vec<f64>, u64)> {
         let (w, h) = a.input.unwrap_or((det.imgsz(), det.imgsz()));
         // the batch input counts (as in PyTorch's max_memory_allocated), its f32 staging does not
         let (work, input_bytes) = if mode == "model" {
@@ -223,12 +220,16 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
         meter.reset().map_err(candle_core::Error::wrap)?;
         run_once(det, &work)?;
         let peak = meter.usage().map_err(candle_core::Error::wrap)?.used_high.saturating_sub(base);
-        let mut t = Vec::with_capacity(iters);
+        let timer = yolo_edge::backend::profile::DeviceTimer::new(det.device())?;
+        let (mut t, mut on_device) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
         for _ in 0..iters {
             det.device().synchronize()?;
             let t0 = Instant::now();
+            timer.start()?;
             run_once(det, &work)?;
+            let dt = timer.stop()?;
             t.push(t0.elapsed().as_secs_f64() * 1e3);
+            on_device.extend(dt);
         }
         if a.profile {
             // per-operation timing synchronises after every op, which a graph capture cannot
@@ -238,14 +239,17 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
             det.use_graphs(true);
             r?;
         }
-        Ok((t, peak))
+        Ok((t, on_device, peak))
     })();
     match r {
-        Ok((mut t, peak)) => {
-            let med = median(&mut t);
+        Ok((mut t, mut on_device, peak)) => {
+            let med = report::median(&mut t).unwrap_or(f64::NAN);
             row.latency_ms = Some(med);
+            row.p99_ms = report::percentile(&mut t, 99.0);
             row.min_ms = t.first().copied();
             row.max_ms = t.last().copied();
+            row.device_p50_ms = report::median(&mut on_device);
+            row.device_p99_ms = report::percentile(&mut on_device, 99.0);
             row.images_per_s = Some(batch as f64 * 1e3 / med);
             row.peak_mib = Some(peak as f64 / (1024.0 * 1024.0));
             row.iters = t.len();
@@ -306,7 +310,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 st.second_forward_ms
             );
             starts.push(serde_json::json!({"model": name, "dtype": device::dtype_name(dtype), "startup": st}));
-            // batch 1 on CUDA replays a captured graph, as in the agent (`--cuda-graphs off`: eager)
+            // passes on CUDA replay a graph captured for each batch, as in the agent
+            // (`--cuda-graphs off`: eager)
             det.use_graphs(true);
             for mode in &modes {
                 for &b in &batches {
@@ -360,7 +365,5 @@ mod tests {
         assert_eq!(parse_batches("auto", 20).unwrap(), vec![1, 2, 4, 8, 16]);
         assert!(parse_batches("0", 4).is_err());
         assert!(parse_batches("x", 4).is_err());
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 }

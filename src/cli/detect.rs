@@ -70,7 +70,10 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
     let dev = device::parse_device(&a.device)?;
     let dtype = device::parse_dtype(&a.dtype, &dev)?;
     let det = Detector::load(&a.model, &dev, dtype, Some(a.imgsz)).with_context(|| format!("loading model {}", a.model.display()))?;
-    det.use_graphs(true); // batch 1 on CUDA replays a captured graph (`--cuda-graphs off`: eager)
+    // on CUDA every batch replays a captured graph (`--cuda-graphs off`: eager); a last, partial
+    // batch is padded up to the next power of two, as in the agent
+    det.use_graphs(true);
+    det.set_graph_ladder(a.batch);
     let th = Thresholds { conf: a.conf, iou: a.iou, max_det: a.max_det };
     let mut json: Option<Box<dyn Write>> = match &a.json {
         Some(p) if p.as_os_str() == "-" => Some(Box::new(std::io::stdout().lock())),

@@ -203,6 +203,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);
     let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan, a.sweep_repeats.max(1)));
     let limit = cfg.memory_limit;
+    // the soak runs the agent's path as the agent does after its plan: CUDA graphs on, a ladder
+    // up to the planned batch
+    det.use_graphs(true);
+    det.set_graph_ladder(plan.batch);
     let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
     let soak_json = soaked.as_ref().map(|(k, ballast)| {
         serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak,

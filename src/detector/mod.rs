@@ -19,12 +19,31 @@ use crate::weights::Checkpoint;
 #[cfg(feature = "cuda")]
 const GRAPH_RETRY_AFTER_OOM: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// A detector's captured batch-1 CUDA graph, whether it gave up on graphs (any failure other than
-/// running out of memory), and when it may try again after running out of memory.
+/// Most CUDA graphs a detector keeps: a ladder of powers of two up to batch 512 and a few other
+/// shapes. All of them replay over one shared memory region (`crate::backend::arena`), so the
+/// bound is on capture time and host memory, not device memory.
+#[cfg(feature = "cuda")]
+const MAX_GRAPHS: usize = 12;
+
+/// The batch a graph is captured for to run `b` pictures: with a ladder up to `top`, the next
+/// power of two, at most `top` (a partial batch is padded up: partial batches come when frames
+/// arrive slower than the batch fills, so the padding costs latency the stream has to spare,
+/// never throughput); `b` itself above the ladder or without one.
+pub fn graph_rung(b: usize, top: usize) -> usize {
+    if top == 0 || b > top {
+        b
+    } else {
+        b.next_power_of_two().min(top)
+    }
+}
+
+/// A detector's captured CUDA graphs (most recently used last), whether it gave up on graphs
+/// (any failure other than running out of memory), and when it may try again after running out
+/// of memory.
 #[cfg(feature = "cuda")]
 #[derive(Default)]
 struct Graphs {
-    kept: Option<crate::backend::GraphedForward>,
+    kept: Vec<crate::backend::GraphedForward>,
     failed: bool,
     retry_at: Option<std::time::Instant>,
 }
@@ -34,7 +53,7 @@ impl Graphs {
     /// Drops every graph (and its memory) after `e`: for a while when it ran out of memory, for
     /// good otherwise.
     fn give_up(&mut self, what: &str, e: &candle_core::Error) {
-        self.kept = None;
+        self.kept.clear();
         if crate::backend::oom::is_oom(e) {
             self.retry_at = Some(std::time::Instant::now() + GRAPH_RETRY_AFTER_OOM);
             tracing::warn!(error = %e, retry_s = GRAPH_RETRY_AFTER_OOM.as_secs(), "CUDA graph {what} ran out of memory; passes run eagerly until the retry");
@@ -49,10 +68,22 @@ pub struct Detector {
     model: YoloV9,
     imgsz: usize,
     uploader: Uploader,
-    /// Batch-1 passes on CUDA replay one captured graph ([`Detector::use_graphs`]).
+    /// Passes on CUDA replay captured graphs ([`Detector::use_graphs`]).
     graphs: std::sync::atomic::AtomicBool,
+    /// Top of the ladder of graph batch sizes ([`Detector::set_graph_ladder`]); 0: none.
+    ladder: std::sync::atomic::AtomicUsize,
     #[cfg(feature = "cuda")]
     graph: std::sync::Mutex<Graphs>,
+}
+
+/// The input dims of a graph captured at batch `rung` for pictures shaped like those of `x`.
+#[cfg(feature = "cuda")]
+fn gf_dims(x: &Tensor, rung: usize) -> Vec<usize> {
+    let mut d = x.dims().to_vec();
+    if let Some(b) = d.first_mut() {
+        *b = rung;
+    }
+    d
 }
 
 impl Detector {
@@ -73,17 +104,40 @@ impl Detector {
             imgsz,
             uploader: Uploader::default(),
             graphs: false.into(),
+            ladder: 0.into(),
             #[cfg(feature = "cuda")]
             graph: std::sync::Mutex::new(Graphs::default()),
         }
     }
 
-    /// Lets batch-1 passes on CUDA run as one captured CUDA graph when `[tuning] cuda_graphs` is
-    /// on (off by default, so that the planner measures the eager passes). A capture or launch that fails is
-    /// logged and the detector goes on eagerly: for good, or for a minute after running out of
-    /// memory. No effect on the CPU.
+    /// Lets passes on CUDA replay captured CUDA graphs when `[tuning] cuda_graphs` is on (off
+    /// until called, so that the planner measures the eager passes): one graph per input shape
+    /// and batch ([`graph_rung`]), captured on first use, at most 12 kept (the least
+    /// recently used goes first). A capture or launch that fails is logged and the detector goes
+    /// on eagerly: for good, or for a minute after running out of memory. No effect on the CPU.
     pub fn use_graphs(&self, on: bool) {
         self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
+        if !on {
+            self.drop_graphs();
+        }
+    }
+
+    /// Runs batches of up to `top` pictures on a ladder of graphs (powers of two, and `top`),
+    /// padding a partial batch up to the next rung, instead of one graph per batch size; 0 turns
+    /// the ladder off. A new top drops the graphs captured so far (a lower one frees their
+    /// memory: the agent lowers its batch under memory pressure).
+    pub fn set_graph_ladder(&self, top: usize) {
+        if self.ladder.swap(top, std::sync::atomic::Ordering::Relaxed) != top {
+            self.drop_graphs();
+        }
+    }
+
+    /// Drops every captured graph; the memory they replayed over goes back at the next trim.
+    pub fn drop_graphs(&self) {
+        #[cfg(feature = "cuda")]
+        if let Ok(mut g) = self.graph.lock() {
+            g.kept.clear();
+        }
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -106,6 +160,18 @@ impl Detector {
     /// `(B, 3, H, W)` on the device.
     pub fn input(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
         let _arena = crate::backend::serve_arena(self.device());
+        let x = self.upload(batch)?;
+        // u8 -> dtype and /255 on the device, NHWC -> NCHW: on CUDA one kernel
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return crate::backend::normalize_input(&x, self.dtype());
+        }
+        x.to_dtype(self.dtype())?.permute((0, 3, 1, 2))?.contiguous()? / 255.0
+    }
+
+    /// The pictures of a batch (all of one input shape) on the device as they are: `(B, H, W, 3)`
+    /// u8.
+    fn upload(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
         let Some(first) = batch.first() else { candle_core::bail!("empty batch") };
         let (w, h) = (first.geometry.in_w as usize, first.geometry.in_h as usize);
         let mut parts = Vec::with_capacity(batch.len());
@@ -120,40 +186,72 @@ impl Detector {
             }
             parts.push(lb.pixels.as_slice());
         }
-        let x = self.uploader.upload(&parts, (batch.len(), h, w, 3), self.device())?;
-        // u8 -> dtype and /255 on the device, NHWC -> NCHW: on CUDA one kernel
-        #[cfg(feature = "cuda")]
-        if x.device().is_cuda() {
-            return crate::backend::normalize_input(&x, self.dtype());
-        }
-        x.to_dtype(self.dtype())?.permute((0, 3, 1, 2))?.contiguous()? / 255.0
+        self.uploader.upload(&parts, (batch.len(), h, w, 3), self.device())
     }
 
     /// The reference's raw output `(B, 4 + nc, anchors)` for a batch.
     pub fn raw(&self, batch: &[&Letterboxed]) -> candle_core::Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.graphed_pictures(batch, |y| y.copy()) {
+            return r;
+        }
         self.forward(&self.input(batch)?)
     }
 
-    /// The network on a normalised input `(B, 3, S, S)`: at batch 1 on CUDA with graphs on
+    /// The network on a normalised input `(B, 3, H, W)`: on CUDA with graphs on
     /// ([`Detector::use_graphs`]), one graph launch; otherwise the model's eager pass.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let _arena = crate::backend::serve_arena(self.device());
         #[cfg(feature = "cuda")]
-        if let Some(y) = self.graphed(x) {
-            return Ok(y);
+        if let Some(y) = self.graphed(x, &|t| self.model.forward(t), |y| y.copy()) {
+            return y;
         }
         self.model.forward(x)
     }
 
+    /// Whether passes on this detector's device replay graphs now.
     #[cfg(feature = "cuda")]
-    fn graphed(&self, x: &Tensor) -> Option<Tensor> {
+    fn graphs_on(&self) -> bool {
+        self.graphs.load(std::sync::atomic::Ordering::Relaxed) && self.device().is_cuda() && crate::backend::tuning::get().cuda_graphs
+    }
+
+    /// `f` of the raw output of a batch of pictures by one graph whose pass starts from the
+    /// uploaded u8 pictures (normalisation included), so that neither the normalised input nor
+    /// the output is copied: `f` reads the graph's own output rows. `None` where graphs are off
+    /// or failed (the caller runs the pass eagerly).
+    #[cfg(feature = "cuda")]
+    fn graphed_pictures<R>(
+        &self,
+        batch: &[&Letterboxed],
+        f: impl FnOnce(&Tensor) -> candle_core::Result<R>,
+    ) -> Option<candle_core::Result<R>> {
+        if !self.graphs_on() {
+            return None;
+        }
+        let _arena = crate::backend::serve_arena(self.device());
+        let x = match self.upload(batch) {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        };
+        let dtype = self.dtype();
+        self.graphed(&x, &|t| crate::backend::normalize_input(t, dtype).and_then(|n| self.model.forward(&n)), f)
+    }
+
+    /// `f` of the output of `pass` on `x` by one graph launch (captured on first use for this
+    /// shape and rung); `None` where graphs are off, or the capture or launch failed (then the
+    /// detector goes on eagerly). `f` gets the graph's own output rows, valid until the next
+    /// launch: it must copy anything it keeps.
+    #[cfg(feature = "cuda")]
+    fn graphed<R>(
+        &self,
+        x: &Tensor,
+        pass: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>,
+        f: impl FnOnce(&Tensor) -> candle_core::Result<R>,
+    ) -> Option<candle_core::Result<R>> {
         use crate::backend::GraphedForward;
+        use std::sync::atomic::Ordering::Relaxed;
         let b = x.dim(0).ok()?;
-        if b != 1
-            || !self.graphs.load(std::sync::atomic::Ordering::Relaxed)
-            || !x.device().is_cuda()
-            || !crate::backend::tuning::get().cuda_graphs
-        {
+        if !self.graphs_on() {
             return None;
         }
         let mut g = self.graph.lock().ok()?;
@@ -161,23 +259,47 @@ impl Detector {
             return None;
         }
         g.retry_at = None;
-        if !g.kept.as_ref().is_some_and(|gf| gf.fits(x)) {
-            // a graph for another shape or thread goes (with its memory) before the new capture
-            g.kept = None;
-            match GraphedForward::capture(|t| self.model.forward(t), x) {
-                Ok(gf) => {
-                    tracing::info!(shape = ?x.dims(), graph_pool_mib = crate::backend::devmem::graph_pool_reserved(x.device()) >> 20, "batch-1 pass captured as a CUDA graph");
-                    g.kept = Some(gf);
+        let rung = graph_rung(b, self.ladder.load(Relaxed));
+        let found = g.kept.iter().position(|gf| gf.batch() == rung && gf.fits(x));
+        let at = match found {
+            Some(i) => {
+                let gf = g.kept.remove(i);
+                g.kept.push(gf);
+                g.kept.len() - 1
+            }
+            None => {
+                if g.kept.len() >= MAX_GRAPHS {
+                    g.kept.remove(0);
                 }
-                Err(e) => {
-                    g.give_up("capture", &e);
-                    return None;
+                let padded = if rung > b {
+                    let mut pad = x.dims().to_vec();
+                    pad[0] = rung - b;
+                    Tensor::zeros(pad, x.dtype(), x.device()).and_then(|z| Tensor::cat(&[x, &z], 0))
+                } else {
+                    Ok(x.clone())
+                };
+                match padded.and_then(|p| GraphedForward::capture(pass, &p)) {
+                    Ok(gf) => {
+                        tracing::info!(
+                            shape = ?gf_dims(x, rung),
+                            graphs = g.kept.len() + 1,
+                            arena_mib = crate::backend::arena::stats(x.device()).map_or(0, |s| s.mapped >> 20),
+                            graph_pool_mib = crate::backend::devmem::graph_pool_reserved(x.device()) >> 20,
+                            "pass captured as a CUDA graph"
+                        );
+                        g.kept.push(gf);
+                        g.kept.len() - 1
+                    }
+                    Err(e) => {
+                        g.give_up("capture", &e);
+                        return None;
+                    }
                 }
             }
-        }
-        let run = g.kept.as_ref().map(|gf| gf.run(x))?;
-        match run {
-            Ok(y) => Some(y),
+        };
+        match g.kept[at].launch(x) {
+            // the lock is held while `f` reads the output: no other launch can overwrite it
+            Ok(y) => Some(f(&y)),
             Err(e) => {
                 g.give_up("launch", &e);
                 None
@@ -221,8 +343,16 @@ impl Detector {
         if batch.is_empty() {
             return Ok(vec![]);
         }
-        let raw = self.raw(batch)?;
-        let cands = self.candidates(&raw, th.conf)?;
+        let cands = {
+            #[cfg(feature = "cuda")]
+            let graphed = self.graphed_pictures(batch, |raw| self.candidates(raw, th.conf));
+            #[cfg(not(feature = "cuda"))]
+            let graphed: Option<candle_core::Result<Vec<Vec<Candidate>>>> = None;
+            match graphed {
+                Some(c) => c?,
+                None => self.candidates(&self.forward(&self.input(batch)?)?, th.conf)?,
+            }
+        };
         let names = &self.info().names;
         let finish = |(c, lb): (Vec<Candidate>, &&Letterboxed)| postprocess::finish(c, th, &lb.geometry, names);
         if batch.len() == 1 {
@@ -232,5 +362,25 @@ impl Detector {
         // a candidate) costs milliseconds per picture, which would add up serially
         use rayon::prelude::*;
         Ok(cands.into_par_iter().zip(batch.par_iter()).map(finish).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::graph_rung;
+
+    #[test]
+    fn graph_rungs_are_powers_of_two_up_to_the_top() {
+        // a ladder up to 24: 1 2 4 8 16 24
+        let rungs: Vec<usize> = (1..=24).map(|b| graph_rung(b, 24)).collect();
+        assert_eq!(&rungs[..9], &[1, 2, 4, 4, 8, 8, 8, 8, 16]);
+        assert!(rungs[16..].iter().all(|&r| r == 24), "{rungs:?}");
+        assert!((1..=24).all(|b| graph_rung(b, 24) >= b), "never fewer pictures than the batch");
+        // above the ladder and without one: the batch itself
+        assert_eq!(graph_rung(30, 24), 30);
+        assert_eq!(graph_rung(5, 0), 5);
+        assert_eq!(graph_rung(1, 1), 1);
+        let distinct: std::collections::BTreeSet<usize> = (1..=256).map(|b| graph_rung(b, 256)).collect();
+        assert_eq!(distinct.len(), 9, "1, 2, 4, ..., 256");
     }
 }

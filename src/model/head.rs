@@ -37,8 +37,14 @@ impl Module for Branch {
     }
 }
 
-/// Anchor centres and strides for one input size, kept on the device.
-type AnchorCache = Option<((usize, usize), Tensor, Tensor)>;
+/// Anchor centres and strides per input size `(h, w)`, kept on the device for the model's life:
+/// a captured CUDA graph reads them at the address they had when it was captured, so an entry
+/// is never replaced or dropped while the model lives.
+type AnchorCache = std::collections::HashMap<(usize, usize), (Tensor, Tensor)>;
+
+/// Input sizes whose anchors are kept (a few hundred KiB each at most); anchors of further
+/// sizes are computed on every pass.
+const MAX_ANCHOR_SHAPES: usize = 64;
 
 #[derive(Debug)]
 pub struct Detect {
@@ -104,15 +110,13 @@ impl Detect {
         vb.export("dfl.conv.weight", &proj.reshape((1, reg_max, 1, 1))?)?;
         let proj_f32 = proj.flatten_all()?.to_dtype(DType::F32)?.to_device(vb.device())?;
         let proj = proj.reshape((1, 1, reg_max, 1))?.to_dtype(vb.dtype())?.to_device(vb.device())?;
-        Ok(Self { boxes, classes, proj, proj_f32, nc, reg_max, style, lay: vb.lay(), anchors: Mutex::new(None) })
+        Ok(Self { boxes, classes, proj, proj_f32, nc, reg_max, style, lay: vb.lay(), anchors: Mutex::new(AnchorCache::new()) })
     }
 
     fn anchors(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<(Tensor, Tensor)> {
-        let mut cache = self.anchors.lock().unwrap();
-        if let Some((hw, a, s)) = cache.as_ref() {
-            if *hw == input_hw {
-                return Ok((a.clone(), s.clone()));
-            }
+        let mut cache = self.anchors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((a, s)) = cache.get(&input_hw) {
+            return Ok((a.clone(), s.clone()));
         }
         let mut pts = Vec::new();
         let mut strides = Vec::new();
@@ -132,7 +136,9 @@ impl Detect {
         let dt = feats[0].dtype();
         let a = Tensor::from_vec(xs, (1, 2, n), dev)?.to_dtype(dt)?;
         let s = Tensor::from_vec(strides, (1, 1, n), dev)?.to_dtype(dt)?;
-        *cache = Some((input_hw, a.clone(), s.clone()));
+        if cache.len() < MAX_ANCHOR_SHAPES {
+            cache.insert(input_hw, (a.clone(), s.clone()));
+        }
         Ok((a, s))
     }
 

@@ -1,14 +1,21 @@
-//! One forward pass replayed as a CUDA graph: at batch 1 a forward is a few hundred small kernel
-//! launches, and the host's launch rate, not the GPU, sets the latency.
+//! One forward pass replayed as a CUDA graph: a forward is a few hundred small kernel launches,
+//! and up to batches of a few dozen pictures the host's launch rate, not the GPU, sets the
+//! latency.
 //!
-//! The graph is captured once per (batch, input shape) on the inference thread, after two warm
+//! A graph is captured once per (batch, input shape) on the inference thread, after two warm
 //! passes have planned every cuDNN convolution, built the head's anchors and filled candle's
 //! cache of small host uploads (the layout arguments of its strided kernels, which cannot be
 //! copied inside a capture). Its input and output live in fixed buffers: a call copies the
-//! batch into the input buffer, launches the graph and returns a copy of the output buffer, so
-//! a caller may keep the result across calls. The activations of the pass are allocated and
-//! freed inside the graph, in CUDA's graph memory pool, which `crate::backend::devmem` adds to the stream
-//! pool's figures (`devmem::graph_pool_reserved` reads it alone).
+//! batch into the input buffer (a smaller batch into its first pictures: the rest of the pass
+//! computes pictures nobody reads), launches the graph and returns a copy of the output rows it
+//! asked for, so a caller may keep the result across calls ([`GraphedForward::run`]), or lends
+//! those rows in place until the next launch ([`GraphedForward::launch`]).
+//!
+//! Memory: the capture allocates in the arena's graph region, which every graph of the process
+//! shares (`crate::backend::arena`, [`serve_graph`](crate::backend::arena::serve_graph)), so the
+//! graphs of a whole ladder of batch sizes together hold the memory of the largest. Without the
+//! arena the pass's activations live in CUDA's graph memory pool, which
+//! `crate::backend::devmem` adds to the stream pool's figures.
 //!
 //! Anything that fails (capture, instantiation, launch) is an error the caller answers by
 //! running the pass eagerly (the detector then stops using graphs; after running out of memory,
@@ -18,7 +25,7 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{Device, Tensor};
 
 pub struct GraphedForward {
-    /// Fixed input buffer `(B, 3, S, S)` the graph reads.
+    /// Fixed input buffer `(B, 3, H, W)` the graph reads.
     input: Tensor,
     /// Fixed output buffer `(B, 4 + nc, A)` the graph writes.
     output: Tensor,
@@ -27,6 +34,8 @@ pub struct GraphedForward {
     /// thread-local upload cache, and candle's stream is that thread's per-thread stream, so
     /// the graph is only launched there.
     thread: std::thread::ThreadId,
+    /// Keeps the arena's graph region mapped while this graph may replay over it.
+    _hold: crate::backend::arena::GraphHold,
 }
 
 // SAFETY: `CudaGraph` holds raw driver handles and is not thread safe. A `GraphedForward` is
@@ -46,30 +55,40 @@ impl GraphedForward {
         let dev = dev.clone();
         let stream = dev.cuda_stream();
         let _cache = dev.enable_cuda_graph_htod_cache();
-        let input = x.contiguous()?.copy()?;
-        let output = forward(&input)?.contiguous()?.copy()?;
-        output.slice_set(&forward(&input)?.contiguous()?, 0, 0)?;
+        let out_dims = {
+            let input = x.contiguous()?.copy()?;
+            forward(&input)?;
+            forward(&input)?.dims().to_vec()
+        };
         stream.synchronize().map_err(derr("warm-up"))?;
-        if input.dim(0)? > 1 {
-            // the warm passes' activations, cached in the stream pool, would otherwise sit beside
-            // the graph's own copy of them when it is uploaded
-            crate::backend::devmem::PeakMeter::new(x.device())
-                .trim()
-                .map_err(|e| candle_core::Error::Msg(format!("CUDA graph: trimming the pool: {e}")))?;
-        }
-        // the captured pass allocates in the graph's own pool, never in the arena: a graph keeps
-        // the addresses it was given, and eager passes would reuse arena addresses
-        let paused = crate::backend::arena::pause();
+        // the warm passes' activations, cached in the stream pool or mapped in the arena, would
+        // otherwise sit beside the graph's own copy of them
+        crate::backend::devmem::PeakMeter::new(x.device())
+            .trim()
+            .map_err(|e| candle_core::Error::Msg(format!("CUDA graph: trimming the pool: {e}")))?;
+        // the captured pass, its input and its output take addresses in the graph region, which
+        // eager passes never use
+        let region = crate::backend::arena::serve_graph(x.device());
+        let input = x.contiguous()?.copy()?;
+        let output = Tensor::zeros(out_dims, x.dtype(), x.device())?;
+        stream.synchronize().map_err(derr("warm-up"))?;
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(derr("begin capture"))?;
         // the capture must be ended whatever happens inside it, or the stream stays unusable
         let captured = forward(&input).and_then(|y| output.slice_set(&y.contiguous()?, 0, 0));
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        drop(paused);
+        drop(region);
+        // the region's blocks go back for the next capture to reuse; only the graph's own input
+        // and output may have been live (anything else would be overwritten by another graph)
+        let live = crate::backend::arena::release_graph_region(x.device());
         captured?;
         let graph =
             graph.map_err(derr("end capture"))?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
+        if let Some(n) = live.filter(|&n| n != 2) {
+            candle_core::bail!("CUDA graph capture left {n} blocks live in the graph region, not its input and output alone");
+        }
         graph.upload().map_err(derr("upload"))?;
-        Ok(Self { input, output, graph, thread: std::thread::current().id() })
+        let _hold = crate::backend::arena::hold_graph_region(x.device());
+        Ok(Self { input, output, graph, thread: std::thread::current().id(), _hold })
     }
 
     /// The batch size it was captured for.
@@ -77,21 +96,39 @@ impl GraphedForward {
         self.input.dims().first().copied().unwrap_or(0)
     }
 
-    /// Whether this graph was captured for inputs shaped and typed like `x`, on this thread.
+    /// Whether this graph can run `x`: captured for pictures shaped and typed like those of `x`,
+    /// for at least as many, on this thread.
     pub fn fits(&self, x: &Tensor) -> bool {
-        x.dims() == self.input.dims()
+        x.dims().first().is_some_and(|&b| b >= 1 && b <= self.batch())
+            && x.dims().get(1..) == self.input.dims().get(1..)
             && x.dtype() == self.input.dtype()
             && x.device().same_device(self.input.device())
             && std::thread::current().id() == self.thread
     }
 
-    /// The forward pass of `x` (shaped like the captured input) by one graph launch.
+    /// The forward pass of `x` (at most the captured batch of pictures shaped like the captured
+    /// input's) by one graph launch: a copy of the output rows of `x`'s pictures.
     pub fn run(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.launch(x)?.copy()
+    }
+
+    /// Like [`run`](Self::run), without the copy: the output rows are a view of the graph's
+    /// output buffer, which the next launch of any graph overwrites (graphs share their memory).
+    /// Use it before launching again; copy what must outlive that.
+    pub fn launch(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         if std::thread::current().id() != self.thread {
             candle_core::bail!("CUDA graph captured on another thread");
         }
+        if !self.fits(x) {
+            candle_core::bail!("CUDA graph captured for {:?}, given {:?}", self.input.dims(), x.dims());
+        }
+        let b = x.dim(0)?;
         self.input.slice_set(&x.contiguous()?, 0, 0)?;
         self.graph.launch().map_err(derr("launch"))?;
-        self.output.copy()
+        if b == self.batch() {
+            Ok(self.output.clone())
+        } else {
+            self.output.narrow(0, 0, b)
+        }
     }
 }
