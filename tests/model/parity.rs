@@ -154,6 +154,50 @@ struct RectStats {
     min_iou: f32,
     max_conf_diff: f32,
     max_raw_rel: f64,
+    /// boxes whose class differs from the reference's where the two classes' scores tie
+    class_ties: usize,
+}
+
+/// Two classes whose scores at one anchor are this close (in our output) are a tie that f32
+/// rounding decides: the only case in which a box may carry another class than the reference's.
+/// Seen on random weights only, whose scores crowd near 1.0 (yolov9t, court-portrait: reference
+/// gaps of 1.2e-7 and 4.8e-7).
+const CLASS_TIE: f32 = 1e-6;
+
+/// A batch-1 raw output `(1, 4 + nc, anchors)` on the host.
+struct AnchorScores {
+    v: Vec<f32>,
+    nc: usize,
+    anchors: usize,
+}
+
+impl AnchorScores {
+    fn new(raw: &candle_core::Tensor) -> Self {
+        let (_, no, anchors) = raw.dims3().unwrap();
+        Self { v: raw.flatten_all().unwrap().to_vec1::<f32>().unwrap(), nc: no - 4, anchors }
+    }
+    fn at(&self, row: usize, a: usize) -> f32 {
+        self.v[row * self.anchors + a]
+    }
+}
+
+/// For our detection `d`, the gap between its score and the score of class `other` at the anchor
+/// it came from (the anchor whose best class and score are `d`'s and whose box maps to `d`'s
+/// exactly); `None` if no anchor does.
+fn class_gap(
+    s: &AnchorScores,
+    geom: &preprocess::LetterboxGeometry,
+    d: &yolo_edge::vision::postprocess::Detection,
+    other: usize,
+) -> Option<f32> {
+    (0..s.anchors)
+        .filter(|&a| s.at(4 + d.class_id, a) == d.confidence && (0..s.nc).all(|c| s.at(4 + c, a) <= d.confidence))
+        .filter(|&a| {
+            let [x, y, w, h] = [s.at(0, a), s.at(1, a), s.at(2, a), s.at(3, a)];
+            geom.unletterbox([x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0]) == d.bbox
+        })
+        .map(|a| d.confidence - s.at(4 + other, a))
+        .reduce(f32::min)
 }
 
 /// A reference box of a rect golden: `{"box": [x1, y1, x2, y2], "confidence", "class_id"}` or the
@@ -174,12 +218,14 @@ fn reference_box(r: &serde_json::Value) -> ([f32; 4], f32, u64) {
 /// is within `raw_tol` (sampled relative L2 and row sums), and the detections at the reference's
 /// default conf 0.25 and at conf 0.01 (iou 0.7, max_det 300) match `predict`'s box for box: the
 /// same number, each reference box paired with its own one of ours of the same class with IoU >=
-/// 0.99 and confidence within 1e-3. Detections come from the one raw pass per case through
+/// 0.99 and confidence within 1e-3 (or, counted in `class_ties`, the same box and confidence with
+/// a class whose score ties ours within [`CLASS_TIE`]). Detections come from the one raw pass per case through
 /// `Detector::detect`'s batch-1 path (candidates, then NMS and scaling back to the picture).
 fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats {
     use sha2::Digest;
     let hex = |b: &[u8]| sha2::Sha256::digest(b).iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let mut st = RectStats { boxes: 0, min_iou: 1.0, max_conf_diff: 0.0, max_raw_rel: 0.0 };
+    let mut st = RectStats { boxes: 0, min_iou: 1.0, max_conf_diff: 0.0, max_raw_rel: 0.0, class_ties: 0 };
+    let mut misses = vec![];
     for case in g["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let mut img = preprocess::load_image(&fixture(case["image"].as_str().unwrap()), &DecodeLimits::default()).unwrap();
@@ -200,6 +246,7 @@ fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats
         let (rel, sums) = compare_to_golden(&raw, &case["raw"]);
         assert!(rel <= raw_tol && sums <= raw_tol, "{name}: raw output rel {rel:.3e}, sums {sums:.3e} (limit {raw_tol:.0e})");
         st.max_raw_rel = st.max_raw_rel.max(rel).max(sums);
+        let scores = AnchorScores::new(&raw);
         let mut counts = vec![];
         for (key, conf) in [("predict_default", 0.25), ("predict_conf_0_01", 0.01)] {
             let th = Thresholds { conf, iou: 0.7, max_det: 300 };
@@ -210,18 +257,46 @@ fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats
                 Some(k) => case[k.as_str().unwrap()].as_array().unwrap(),
                 None => case[key].as_array().unwrap(),
             };
-            assert_eq!(mine.len(), theirs.len(), "{name} {key}: {} boxes here, {} in the reference", mine.len(), theirs.len());
+            if mine.len() != theirs.len() {
+                misses.push(format!("{name} {key}: {} boxes here, {} in the reference", mine.len(), theirs.len()));
+            }
             let mut used = vec![false; mine.len()];
             for r in theirs {
                 let (rb, rc, rcls) = reference_box(r);
                 // ours in order of confidence, as the reference's: a pair of near-equal scores may swap
+                let near = |i: usize| (i, iou(&mine[i].bbox, &rb), (mine[i].confidence - rc).abs());
                 let hit = (0..mine.len())
                     .filter(|&i| !used[i] && mine[i].class_id as u64 == rcls)
-                    .map(|i| (i, iou(&mine[i].bbox, &rb), (mine[i].confidence - rc).abs()))
+                    .map(near)
                     .filter(|&(_, o, dc)| o >= 0.99 && dc <= 1e-3)
                     .max_by(|a, b| a.1.total_cmp(&b.1));
-                let Some((i, o, dc)) = hit else {
-                    panic!("{name} {key}: reference box {rb:?} conf {rc} class {rcls} has no match (IoU >= 0.99, conf within 1e-3) in {mine:?}")
+                let same_box = |&(_, o, dc): &(usize, f32, f32)| o >= 0.99 && dc <= 1e-3;
+                let best_any = || (0..mine.len()).filter(|&i| !used[i]).map(near).filter(same_box).max_by(|a, b| a.1.total_cmp(&b.1));
+                // the one exception to "same class": the reference's class and ours tie at that
+                // anchor here (scores within CLASS_TIE), so that f32 rounding picks the class
+                let tie = hit.is_none().then(best_any).flatten().and_then(|(i, o, dc)| {
+                    let gap = class_gap(&scores, &lb.geometry, &mine[i], rcls as usize)?;
+                    (gap <= CLASS_TIE).then_some((i, o, dc, gap))
+                });
+                let (i, o, dc) = match (hit, tie) {
+                    (Some(h), _) => h,
+                    (None, Some((i, o, dc, gap))) => {
+                        eprintln!(
+                            "{name} {key}: class tie: reference class {rcls} conf {rc}, here class {} conf {} (score gap here {gap:.1e}), IoU {o}",
+                            mine[i].class_id, mine[i].confidence
+                        );
+                        st.class_ties += 1;
+                        (i, o, dc)
+                    }
+                    (None, None) => {
+                        // for the report: the nearest of ours whatever its class
+                        let best = (0..mine.len()).filter(|&i| !used[i]).map(near).max_by(|a, b| a.1.total_cmp(&b.1));
+                        misses.push(format!(
+                            "{name} {key}: reference box {rb:?} conf {rc} class {rcls} unmatched; nearest here: {:?}",
+                            best.map(|(i, o, _)| (&mine[i], o))
+                        ));
+                        continue;
+                    }
                 };
                 used[i] = true;
                 st.min_iou = st.min_iou.min(o);
@@ -236,6 +311,7 @@ fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats
         );
     }
     eprintln!("{st:?}");
+    assert!(misses.is_empty(), "{} mismatches ({} boxes matched):\n{}", misses.len(), st.boxes, misses.join("\n"));
     st
 }
 
@@ -246,11 +322,13 @@ fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats
 #[test]
 fn rect_letterbox_detections_match_predict_box_for_box() {
     let st = rect_parity(&golden("rect_yolov9t_ball.json"), &real_model(DType::F32), 2e-4);
-    assert!(st.boxes >= 10, "only {} boxes compared", st.boxes);
+    assert!(st.boxes >= 10 && st.class_ties == 0, "{st:?}");
 }
 
 /// The same on the seeded-random-weight models of the random goldens (80 classes, BatchNorm
-/// calibrated on the fixtures), raw outputs within those goldens' tolerance. Goldens:
+/// calibrated on the fixtures here as in `random_weights_parity`), raw outputs within those
+/// goldens' tolerance; predict keeps max_det (300) boxes at both thresholds on every case, and at
+/// most 1% of them may match as class ties (yolov9t: 4 of 3000, all on court-portrait). Goldens:
 /// `YOLO_EDGE_BIN=target/debug/yolo-edge ~/.cache/yolo-edge/ref-venv/bin/python scripts/make_rect_goldens.py --models t,c`
 fn rect_random_parity(variant: &str) {
     let g = golden(&format!("rect_random_{variant}.json"));
@@ -258,6 +336,7 @@ fn rect_random_parity(variant: &str) {
     let det = Detector::from_model(seeded_model(&golden(&format!("random_{variant}.json")), variant, DType::F32), 640);
     let st = rect_parity(&g, &det, 2e-3);
     assert!(st.boxes >= 10, "{variant}: only {} boxes compared", st.boxes);
+    assert!(st.class_ties * 100 <= st.boxes, "{variant}: {} of {} boxes matched only as class ties", st.class_ties, st.boxes);
 }
 
 #[test]
