@@ -11,7 +11,7 @@
 use candle_core::{DType, Device};
 use yolo_edge::detector::Detector;
 use yolo_edge::model::{calibrate_batchnorm, BuildOptions, YoloV9};
-use yolo_edge::vision::postprocess::Thresholds;
+use yolo_edge::vision::postprocess::{self, Thresholds};
 use yolo_edge::vision::preprocess::{self, DecodeLimits, Fit};
 use yolo_edge::weights::{Checkpoint, SourceFormat};
 
@@ -37,17 +37,25 @@ fn seeded_checkpoint(g: &serde_json::Value) -> Checkpoint {
     }
 }
 
-/// Builds the seeded model with BatchNorm calibrated on the fixtures, runs it, compares.
-fn random_weights_parity(variant: &str, dtype: DType, tol: f64) {
-    let g = golden(&format!("random_{variant}.json"));
+/// The seeded model of `random_{variant}.json` with BatchNorm calibrated on the fixtures (the
+/// golden's own inputs, asserted), in `dtype`.
+fn seeded_model(g: &serde_json::Value, variant: &str, dtype: DType) -> YoloV9 {
     let lbs = fixture_inputs(640);
-    assert_same_inputs(&lbs, &g);
+    assert_same_inputs(&lbs, g);
     let x = input_tensor(&lbs);
-    let mut ck = seeded_checkpoint(&g);
+    let mut ck = seeded_checkpoint(g);
     let stats = calibrate_batchnorm(&ck, &x).unwrap();
     ck.tensors.extend(stats);
     let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(Device::Cpu, dtype)).unwrap();
     assert_eq!(model.info().variant.name(), variant);
+    model
+}
+
+/// Builds the seeded model with BatchNorm calibrated on the fixtures, runs it, compares.
+fn random_weights_parity(variant: &str, dtype: DType, tol: f64) {
+    let g = golden(&format!("random_{variant}.json"));
+    let model = seeded_model(&g, variant, dtype);
+    let x = input_tensor(&fixture_inputs(640));
     let y = model.forward(&x.to_dtype(dtype).unwrap()).unwrap();
     let (rel, sums) = compare_to_golden(&y, &g);
     eprintln!("{variant} {dtype:?}: sampled rel L2 {rel:.2e}, row sums {sums:.2e}");
@@ -139,17 +147,85 @@ fn real_checkpoint_detections_match_reference() {
     assert!(matched > 0, "no detections compared");
 }
 
-/// The rect letterbox against ultralytics `predict` at its defaults (and at conf 0.01, for boxes
-/// near the threshold), box for box: same classes, IoU >= 0.99, confidence within 1e-3, on photos
-/// of five aspect ratios (3:2, 16:9, portrait, 4:3, square; sides not multiples of 32), decoded
-/// by yolo-edge on both sides. Golden: `scripts/make_rect_goldens.py`.
-#[test]
-fn rect_letterbox_detections_match_predict_box_for_box() {
+/// Worst agreement over the boxes a rect golden compared.
+#[derive(Debug)]
+struct RectStats {
+    boxes: usize,
+    min_iou: f32,
+    max_conf_diff: f32,
+    max_raw_rel: f64,
+    /// boxes whose class differs from the reference's where the two classes' scores tie
+    class_ties: usize,
+}
+
+/// Two classes whose scores at one anchor are this close (in our output) are a tie that f32
+/// rounding decides: the only case in which a box may carry another class than the reference's.
+/// Seen on random weights only, whose scores crowd near 1.0 (yolov9t, court-portrait: reference
+/// gaps of 1.2e-7 and 4.8e-7).
+const CLASS_TIE: f32 = 1e-6;
+
+/// A batch-1 raw output `(1, 4 + nc, anchors)` on the host.
+struct AnchorScores {
+    v: Vec<f32>,
+    nc: usize,
+    anchors: usize,
+}
+
+impl AnchorScores {
+    fn new(raw: &candle_core::Tensor) -> Self {
+        let (_, no, anchors) = raw.dims3().unwrap();
+        Self { v: raw.flatten_all().unwrap().to_vec1::<f32>().unwrap(), nc: no - 4, anchors }
+    }
+    fn at(&self, row: usize, a: usize) -> f32 {
+        self.v[row * self.anchors + a]
+    }
+}
+
+/// For our detection `d`, the gap between its score and the score of class `other` at the anchor
+/// it came from (the anchor whose best class and score are `d`'s and whose box maps to `d`'s
+/// exactly); `None` if no anchor does.
+fn class_gap(
+    s: &AnchorScores,
+    geom: &preprocess::LetterboxGeometry,
+    d: &yolo_edge::vision::postprocess::Detection,
+    other: usize,
+) -> Option<f32> {
+    (0..s.anchors)
+        .filter(|&a| s.at(4 + d.class_id, a) == d.confidence && (0..s.nc).all(|c| s.at(4 + c, a) <= d.confidence))
+        .filter(|&a| {
+            let [x, y, w, h] = [s.at(0, a), s.at(1, a), s.at(2, a), s.at(3, a)];
+            geom.unletterbox([x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0]) == d.bbox
+        })
+        .map(|a| d.confidence - s.at(4 + other, a))
+        .reduce(f32::min)
+}
+
+/// A reference box of a rect golden: `{"box": [x1, y1, x2, y2], "confidence", "class_id"}` or the
+/// compact `[x1, y1, x2, y2, confidence, class_id]`.
+fn reference_box(r: &serde_json::Value) -> ([f32; 4], f32, u64) {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap() as f32;
+    match r.as_array() {
+        Some(a) => ([f(&a[0]), f(&a[1]), f(&a[2]), f(&a[3])], f(&a[4]), a[5].as_u64().unwrap()),
+        None => {
+            let b = r["box"].as_array().unwrap();
+            ([f(&b[0]), f(&b[1]), f(&b[2]), f(&b[3])], f(&r["confidence"]), r["class_id"].as_u64().unwrap())
+        }
+    }
+}
+
+/// The rect letterbox against a golden of `scripts/make_rect_goldens.py`: for every case, the
+/// decoded (and cropped) pixels and the rect letterbox are the golden's (sha256), the raw output
+/// is within `raw_tol` (sampled relative L2 and row sums), and the detections at the reference's
+/// default conf 0.25 and at conf 0.01 (iou 0.7, max_det 300) match `predict`'s box for box: the
+/// same number, each reference box paired with its own one of ours of the same class with IoU >=
+/// 0.99 and confidence within 1e-3 (or, counted in `class_ties`, the same box and confidence with
+/// a class whose score ties ours within [`CLASS_TIE`]). Detections come from the one raw pass per case through
+/// `Detector::detect`'s batch-1 path (candidates, then NMS and scaling back to the picture).
+fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats {
     use sha2::Digest;
     let hex = |b: &[u8]| sha2::Sha256::digest(b).iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let g = golden("rect_yolov9t_ball.json");
-    let det = real_model(DType::F32);
-    let mut compared = 0;
+    let mut st = RectStats { boxes: 0, min_iou: 1.0, max_conf_diff: 0.0, max_raw_rel: 0.0, class_ties: 0 };
+    let mut misses = vec![];
     for case in g["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let mut img = preprocess::load_image(&fixture(case["image"].as_str().unwrap()), &DecodeLimits::default()).unwrap();
@@ -168,28 +244,107 @@ fn rect_letterbox_detections_match_predict_box_for_box() {
         assert_eq!(hex(&lb.pixels), case["input_sha256"].as_str().unwrap(), "{name}: rect letterbox differs from the reference's");
         let raw = det.raw(&[&lb]).unwrap();
         let (rel, sums) = compare_to_golden(&raw, &case["raw"]);
-        assert!(rel <= 2e-4 && sums <= 2e-4, "{name}: raw output rel {rel:.3e}, sums {sums:.3e}");
+        assert!(rel <= raw_tol && sums <= raw_tol, "{name}: raw output rel {rel:.3e}, sums {sums:.3e} (limit {raw_tol:.0e})");
+        st.max_raw_rel = st.max_raw_rel.max(rel).max(sums);
+        let scores = AnchorScores::new(&raw);
+        let mut counts = vec![];
         for (key, conf) in [("predict_default", 0.25), ("predict_conf_0_01", 0.01)] {
             let th = Thresholds { conf, iou: 0.7, max_det: 300 };
-            let mine = &det.detect(&[&lb], &th).unwrap()[0];
-            let theirs = case[key].as_array().unwrap();
-            assert_eq!(mine.len(), theirs.len(), "{name} {key}: {mine:?} vs {theirs:?}");
-            for (d, r) in mine.iter().zip(theirs) {
-                let rb: Vec<f32> = r["box"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
-                let rb = [rb[0], rb[1], rb[2], rb[3]];
-                let rc = r["confidence"].as_f64().unwrap() as f32;
-                assert_eq!(d.class_id as u64, r["class_id"].as_u64().unwrap(), "{name} {key}");
-                let o = iou(&d.bbox, &rb);
-                assert!(
-                    o >= 0.99 && (d.confidence - rc).abs() <= 1e-3,
-                    "{name} {key}: {:?} {} vs {rb:?} {rc} (IoU {o})",
-                    d.bbox,
-                    d.confidence
-                );
-                compared += 1;
+            let cands = det.candidates(&raw, th.conf).unwrap().remove(0);
+            let mine = postprocess::finish(cands, &th, &lb.geometry, &det.info().names);
+            // a list, or {"same_as": KEY} for the same list as KEY
+            let theirs = match case[key].get("same_as") {
+                Some(k) => case[k.as_str().unwrap()].as_array().unwrap(),
+                None => case[key].as_array().unwrap(),
+            };
+            if mine.len() != theirs.len() {
+                misses.push(format!("{name} {key}: {} boxes here, {} in the reference", mine.len(), theirs.len()));
             }
+            let mut used = vec![false; mine.len()];
+            for r in theirs {
+                let (rb, rc, rcls) = reference_box(r);
+                // ours in order of confidence, as the reference's: a pair of near-equal scores may swap
+                let near = |i: usize| (i, iou(&mine[i].bbox, &rb), (mine[i].confidence - rc).abs());
+                let hit = (0..mine.len())
+                    .filter(|&i| !used[i] && mine[i].class_id as u64 == rcls)
+                    .map(near)
+                    .filter(|&(_, o, dc)| o >= 0.99 && dc <= 1e-3)
+                    .max_by(|a, b| a.1.total_cmp(&b.1));
+                let same_box = |&(_, o, dc): &(usize, f32, f32)| o >= 0.99 && dc <= 1e-3;
+                let best_any = || (0..mine.len()).filter(|&i| !used[i]).map(near).filter(same_box).max_by(|a, b| a.1.total_cmp(&b.1));
+                // the one exception to "same class": the reference's class and ours tie at that
+                // anchor here (scores within CLASS_TIE), so that f32 rounding picks the class
+                let tie = hit.is_none().then(best_any).flatten().and_then(|(i, o, dc)| {
+                    let gap = class_gap(&scores, &lb.geometry, &mine[i], rcls as usize)?;
+                    (gap <= CLASS_TIE).then_some((i, o, dc, gap))
+                });
+                let (i, o, dc) = match (hit, tie) {
+                    (Some(h), _) => h,
+                    (None, Some((i, o, dc, gap))) => {
+                        eprintln!(
+                            "{name} {key}: class tie: reference class {rcls} conf {rc}, here class {} conf {} (score gap here {gap:.1e}), IoU {o}",
+                            mine[i].class_id, mine[i].confidence
+                        );
+                        st.class_ties += 1;
+                        (i, o, dc)
+                    }
+                    (None, None) => {
+                        // for the report: the nearest of ours whatever its class
+                        let best = (0..mine.len()).filter(|&i| !used[i]).map(near).max_by(|a, b| a.1.total_cmp(&b.1));
+                        misses.push(format!(
+                            "{name} {key}: reference box {rb:?} conf {rc} class {rcls} unmatched; nearest here: {:?}",
+                            best.map(|(i, o, _)| (&mine[i], o))
+                        ));
+                        continue;
+                    }
+                };
+                used[i] = true;
+                st.min_iou = st.min_iou.min(o);
+                st.max_conf_diff = st.max_conf_diff.max(dc);
+                st.boxes += 1;
+            }
+            counts.push(theirs.len());
         }
-        eprintln!("{name}: input {}x{}, raw rel {rel:.1e}", lb.geometry.in_w, lb.geometry.in_h);
+        eprintln!(
+            "{name}: input {}x{}, raw rel {rel:.1e} sums {sums:.1e}, {} boxes at 0.25, {} at 0.01",
+            lb.geometry.in_w, lb.geometry.in_h, counts[0], counts[1]
+        );
     }
-    assert!(compared >= 10, "only {compared} boxes compared");
+    eprintln!("{st:?}");
+    assert!(misses.is_empty(), "{} mismatches ({} boxes matched):\n{}", misses.len(), st.boxes, misses.join("\n"));
+    st
+}
+
+/// The rect letterbox against ultralytics `predict` at its defaults (and at conf 0.01, for boxes
+/// near the threshold), box for box: same classes, IoU >= 0.99, confidence within 1e-3, on photos
+/// of five aspect ratios (3:2, 16:9, portrait, 4:3, square; sides not multiples of 32), decoded
+/// by yolo-edge on both sides. Golden: `scripts/make_rect_goldens.py --models real`.
+#[test]
+fn rect_letterbox_detections_match_predict_box_for_box() {
+    let st = rect_parity(&golden("rect_yolov9t_ball.json"), &real_model(DType::F32), 2e-4);
+    assert!(st.boxes >= 10 && st.class_ties == 0, "{st:?}");
+}
+
+/// The same on the seeded-random-weight models of the random goldens (80 classes, BatchNorm
+/// calibrated on the fixtures here as in `random_weights_parity`), raw outputs within those
+/// goldens' tolerance; predict keeps max_det (300) boxes at both thresholds on every case, and at
+/// most 1% of them may match as class ties (yolov9t: 4 of 3000, all on court-portrait). Goldens:
+/// `YOLO_EDGE_BIN=target/debug/yolo-edge ~/.cache/yolo-edge/ref-venv/bin/python scripts/make_rect_goldens.py --models t,c`
+fn rect_random_parity(variant: &str) {
+    let g = golden(&format!("rect_random_{variant}.json"));
+    assert_eq!(g["variant"].as_str(), Some(variant));
+    let det = Detector::from_model(seeded_model(&golden(&format!("random_{variant}.json")), variant, DType::F32), 640);
+    let st = rect_parity(&g, &det, 2e-3);
+    assert!(st.boxes >= 10, "{variant}: only {} boxes compared", st.boxes);
+    assert!(st.class_ties * 100 <= st.boxes, "{variant}: {} of {} boxes matched only as class ties", st.class_ties, st.boxes);
+}
+
+#[test]
+fn rect_letterbox_random_yolov9t_matches_predict_box_for_box() {
+    rect_random_parity("yolov9t");
+}
+
+#[test]
+fn rect_letterbox_random_yolov9c_matches_predict_box_for_box() {
+    rect_random_parity("yolov9c");
 }
