@@ -195,9 +195,9 @@ pub fn run_with_shutdown(config_path: &Path, shutdown: impl Future<Output = ()>)
     } else {
         None
     };
-    // the plan measures eager passes; single-frame batches replay a graph from here on
-    let decision = startup_batch(&cfg, &detector)?;
+    // the plan measures the passes as the agent runs them: on CUDA, replayed graphs
     detector.use_graphs(true);
+    let decision = startup_batch(&cfg, &detector)?;
     if let Some(p) = &decision.plan {
         for r in &p.reasons {
             tracing::info!(reason = %r, "batch plan");

@@ -264,6 +264,30 @@ pub fn release_graph_region(device: &candle_core::Device) -> Option<usize> {
     None
 }
 
+/// Gives the graph region's memory back to the device while no graph replays (a capture's warm
+/// passes run eagerly beside it otherwise, needing the memory of both): what graphs replay over
+/// is scratch, rewritten by every launch, so [`unpark_graph_region`] maps fresh memory at the
+/// same addresses. Synchronises the device first. No graph may be launched in between.
+pub fn park_graph_region(device: &candle_core::Device) -> Result<(), String> {
+    #[cfg(feature = "arena")]
+    if let candle_core::Device::Cuda(d) = device {
+        return vmm::park_graph_region(d);
+    }
+    let _ = device;
+    Ok(())
+}
+
+/// Maps again what [`park_graph_region`] gave back, where graphs still hold it. An error (out of
+/// memory) leaves it unmapped: the caller must then drop every graph before launching one.
+pub fn unpark_graph_region(device: &candle_core::Device) -> Result<(), String> {
+    #[cfg(feature = "arena")]
+    if let candle_core::Device::Cuda(d) = device {
+        return vmm::unpark_graph_region(d);
+    }
+    let _ = device;
+    Ok(())
+}
+
 /// Keeps `device`'s graph region mapped while alive (one per captured graph).
 #[must_use = "the graph region may be unmapped once the hold drops"]
 pub struct GraphHold {
@@ -375,6 +399,8 @@ mod vmm {
         mapped_high: u64,
         /// of `mapped`, the graph region's
         graph_mapped: u64,
+        /// span of the graph region (from its start) given back by a park, to map again
+        graph_parked: u64,
         prop: sys::CUmemAllocationProp,
     }
 
@@ -447,6 +473,49 @@ mod vmm {
             Ok(())
         }
 
+        fn unmap_piece(&mut self, s: u64) {
+            if let Some((l, h)) = self.pieces.remove(&s) {
+                // SAFETY: the piece is mapped at base + s with handle h, and nothing uses it: the
+                // callers synchronised the context, and no block or graph needs it now.
+                unsafe {
+                    sys::cuMemUnmap(self.base + s, l as usize);
+                    sys::cuMemRelease(h);
+                }
+                self.mapped -= l;
+                if s >= self.size {
+                    self.graph_mapped -= l;
+                }
+            }
+        }
+
+        /// Unmaps the whole graph region, remembering the span graphs hold (the device must be
+        /// idle and no graph launched until [`Self::unpark`]).
+        fn park(&mut self) {
+            if self.graph_holds == 0 {
+                self.graph_parked = 0;
+            }
+            let graph: Vec<(u64, u64)> = self.pieces.range(self.size..).map(|(&s, &(l, _))| (s, l)).collect();
+            if self.graph_holds > 0 {
+                let end = graph.iter().map(|&(s, l)| s + l - self.size).max().unwrap_or(0);
+                self.graph_parked = self.graph_parked.max(end);
+            }
+            for (s, _) in graph {
+                self.unmap_piece(s);
+            }
+        }
+
+        /// Maps the parked span again, where graphs still hold it.
+        fn unpark(&mut self) -> Result<(), sys::CUresult> {
+            let span = std::mem::take(&mut self.graph_parked);
+            if self.graph_holds > 0 && span > 0 {
+                if let Err(e) = self.ensure_mapped(self.size, span) {
+                    self.graph_parked = span;
+                    return Err(e);
+                }
+            }
+            Ok(())
+        }
+
         /// Unmaps every piece no live block touches, and the graph region's only when no graph
         /// replays over it (the device must be idle).
         fn trim(&mut self) {
@@ -463,18 +532,7 @@ mod vmm {
                 .map(|(&s, _)| s)
                 .collect();
             for s in idle {
-                if let Some((l, h)) = self.pieces.remove(&s) {
-                    // SAFETY: the piece is mapped at base + s with handle h, and no live block
-                    // uses it; the caller synchronised the context.
-                    unsafe {
-                        sys::cuMemUnmap(self.base + s, l as usize);
-                        sys::cuMemRelease(h);
-                    }
-                    self.mapped -= l;
-                    if s >= self.size {
-                        self.graph_mapped -= l;
-                    }
-                }
+                self.unmap_piece(s);
             }
         }
 
@@ -599,6 +657,7 @@ mod vmm {
             mapped: 0,
             mapped_high: 0,
             graph_mapped: 0,
+            graph_parked: 0,
             prop,
         })
     }
@@ -634,6 +693,19 @@ mod vmm {
             a.graph_place.reset_high();
             a.mapped_high = a.mapped;
         });
+    }
+
+    pub(super) fn park_graph_region(d: &CudaDevice) -> Result<(), String> {
+        let ctx = d.cuda_stream().context().clone();
+        ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        ctx.synchronize().map_err(|e| e.to_string())?;
+        with(d, |a| a.park());
+        Ok(())
+    }
+
+    pub(super) fn unpark_graph_region(d: &CudaDevice) -> Result<(), String> {
+        d.cuda_stream().context().bind_to_thread().map_err(|e| e.to_string())?;
+        with(d, |a| a.unpark()).unwrap_or(Ok(())).map_err(|e| format!("mapping the CUDA graph region again: {e:?}"))
     }
 
     pub(super) fn trim(d: &CudaDevice) -> Result<(), String> {

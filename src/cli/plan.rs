@@ -198,14 +198,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let mem = devmem::device_memory(&dev)?;
     let budget = Budget::new(mem, &cfg);
     let t1 = Instant::now();
+    // measured as the agent runs its passes: on CUDA, replayed graphs (`--cuda-graphs off`: eager)
+    det.use_graphs(true);
     let plan = planner::plan(&mut DetectorProber::new(&det), budget, &cfg)?;
     let plan_ms = t1.elapsed().as_secs_f64() * 1e3;
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);
     let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan, a.sweep_repeats.max(1)));
     let limit = cfg.memory_limit;
-    // the soak runs the agent's path as the agent does after its plan: CUDA graphs on, a ladder
-    // up to the planned batch
-    det.use_graphs(true);
+    // the soak runs the agent's path as the agent does after its plan: a ladder of graphs up to
+    // the planned batch
     det.set_graph_ladder(plan.batch);
     let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
     let soak_json = soaked.as_ref().map(|(k, ballast)| {

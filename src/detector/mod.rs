@@ -122,6 +122,11 @@ impl Detector {
         }
     }
 
+    /// Whether passes may replay CUDA graphs ([`Detector::use_graphs`]).
+    pub fn graphs_enabled(&self) -> bool {
+        self.graphs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Runs batches of up to `top` pictures on a ladder of graphs (powers of two, and `top`),
     /// padding a partial batch up to the next rung, instead of one graph per batch size; 0 turns
     /// the ladder off. A new top drops the graphs captured so far (a lower one frees their
@@ -292,6 +297,8 @@ impl Detector {
                     }
                     Err(e) => {
                         g.give_up("capture", &e);
+                        // what the failed capture mapped goes back before the eager pass
+                        let _ = crate::backend::devmem::PeakMeter::new(x.device()).trim();
                         return None;
                     }
                 }

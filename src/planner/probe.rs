@@ -89,7 +89,10 @@ impl<'a> DetectorProber<'a> {
 
     /// Runs `work` from a trimmed pool with the high-water marks reset; returns its result and the
     /// high-water marks above the trimmed start (bytes).
+    /// With CUDA graphs on, the detector's graphs are dropped first: the work captures its own,
+    /// and the memory they replay over is part of the peak.
     fn high_water<T>(&self, work: impl FnOnce() -> Result<T, ProbeError>) -> Result<(T, Peaks), ProbeError> {
+        self.det.drop_graphs();
         self.meter.trim().map_err(dev_err)?;
         let base = self.meter.usage().map_err(dev_err)?;
         self.meter.reset().map_err(dev_err)?;
@@ -110,7 +113,13 @@ impl<'a> DetectorProber<'a> {
     /// the agent's path, the pool untouched between them, counting out-of-memory errors and
     /// recording the reserved high-water mark over the whole run (above the trimmed start).
     pub fn soak(&self, batch: usize, passes: usize, max_s: f64) -> Result<Soak, ProbeError> {
-        let stages = self.stage_times(batch, STAGE_PASSES)?;
+        // the stages run eagerly: a graph of the network alone, on a normalised input, is not
+        // one the agent's path replays, and would hold its memory beside the agent's
+        let graphs = self.det.graphs_enabled();
+        self.det.use_graphs(false);
+        let stages = self.stage_times(batch, STAGE_PASSES);
+        self.det.use_graphs(graphs);
+        let stages = stages?;
         let t = std::time::Instant::now();
         let ((done, oom), peak) = self.high_water(|| {
             let (mut done, mut oom) = (0, 0);

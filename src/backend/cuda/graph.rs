@@ -55,22 +55,30 @@ impl GraphedForward {
         let dev = dev.clone();
         let stream = dev.cuda_stream();
         let _cache = dev.enable_cuda_graph_htod_cache();
-        let out_dims = {
+        // the warm passes run eagerly while the memory other graphs replay over is given back,
+        // so that the two never need the device at once
+        let msg = |what: &'static str| move |e: String| candle_core::Error::Msg(format!("CUDA graph: {what}: {e}"));
+        crate::backend::arena::park_graph_region(x.device()).map_err(msg("giving the graph region back"))?;
+        let warm = (|| {
             let input = x.contiguous()?.copy()?;
             forward(&input)?;
-            forward(&input)?.dims().to_vec()
-        };
-        stream.synchronize().map_err(derr("warm-up"))?;
-        // the warm passes' activations, cached in the stream pool or mapped in the arena, would
-        // otherwise sit beside the graph's own copy of them
-        crate::backend::devmem::PeakMeter::new(x.device())
-            .trim()
-            .map_err(|e| candle_core::Error::Msg(format!("CUDA graph: trimming the pool: {e}")))?;
+            let y = forward(&input)?;
+            let out = (y.dims().to_vec(), y.dtype());
+            drop((input, y));
+            stream.synchronize().map_err(derr("warm-up"))?;
+            // the warm passes' activations, cached in the stream pool or mapped in the arena,
+            // would otherwise sit beside the graph's own copy of them
+            crate::backend::devmem::PeakMeter::new(x.device()).trim().map_err(|e| msg("trimming the pool")(e.to_string()))?;
+            Ok::<_, candle_core::Error>(out)
+        })();
+        let unparked = crate::backend::arena::unpark_graph_region(x.device()).map_err(msg("the graph region"));
+        let (out_dims, out_dtype) = warm?;
+        unparked?;
         // the captured pass, its input and its output take addresses in the graph region, which
         // eager passes never use
         let region = crate::backend::arena::serve_graph(x.device());
         let input = x.contiguous()?.copy()?;
-        let output = Tensor::zeros(out_dims, x.dtype(), x.device())?;
+        let output = Tensor::zeros(out_dims, out_dtype, x.device())?;
         stream.synchronize().map_err(derr("warm-up"))?;
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(derr("begin capture"))?;
         // the capture must be ended whatever happens inside it, or the stream stays unusable
