@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded graphcheck ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded graphcheck plansoak ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -24,6 +24,7 @@
 #      BEFORE_XZ ROUNDS (3) BA_VARIANTS (t,c) BA_BATCHES (1,128) BA_ITERS (20): step beforeafter
 #      CAM_CLIP (h264-1920x1080-30s.mp4, under $DEV) CAM_STREAMS (1,4,8,16) CAM_MODES (fast,realtime)
 #      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
+#      PLANSOAK_CASES ("t:4GiB t:16GiB c:4GiB c:16GiB") PLANSOAK_SECONDS (6): step plansoak
 #      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
 #      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
@@ -128,6 +129,39 @@ e = np.load(f"{w}/gc-eager-{dt}.npy")
 for tag in ("pad4", "b1"):
     g = np.load(f"{w}/gc-{tag}-{dt}.npy")
     print(f"{dt} {tag}: shape {g.shape} vs {e.shape}, max |graph - eager| = {np.abs(g.astype(np.float64) - e).max():.3g}")
+PY
+  done
+  say "## CUDA graphs on two input shapes (rect detect, batch 2, horses + court twice): the second graph captured while the first holds the region, then both replayed, against eager"
+  for g in on off; do
+    RUST_LOG=info timeout 100 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype f16 --batch 2 --conf 0.01 --cuda-graphs $g --json "$W/rect-$g.jsonl" \
+      "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg > "$W/rect-$g.log" 2>&1
+  done
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUM"
+import json, sys
+w = sys.argv[1]
+a = [json.loads(l) for l in open(f"{w}/rect-on.jsonl")]; b = [json.loads(l) for l in open(f"{w}/rect-off.jsonl")]
+worst, n, same = 0.0, 0, len(a) == len(b)
+for x, y in zip(a, b):
+    same &= len(x["detections"]) == len(y["detections"])
+    for p, q in zip(x["detections"], y["detections"]):
+        same &= p["class_id"] == q["class_id"]
+        worst = max(worst, abs(p["confidence"] - q["confidence"]), *[abs(u - v) for u, v in zip(p["box"], q["box"])])
+        n += 1
+print(f"rect detect, graphs against eager: {len(a)} pictures, {n} boxes, same counts and classes: {same}, max |conf or box diff| {worst:.3g}")
+PY
+  echo "graphs captured: $(grep -c captured "$W/rect-on.log")" | tee -a "$SUM"
+fi
+
+if has plansoak; then
+  say "## planner prediction against a soak of the agent's path with CUDA graphs (plan --soak)"
+  for c in ${PLANSOAK_CASES:-t:4GiB t:16GiB c:4GiB c:16GiB}; do
+    v=${c%%:*}; lim=${c#*:}
+    timeout 120 "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit "$lim" --soak 300 --soak-seconds "${PLANSOAK_SECONDS:-6}" --json > "$W/plansoak-$v-$lim.json" 2> "$W/plansoak-$v-$lim.log"
+    python3 - "$W/plansoak-$v-$lim.json" "$v" "$lim" <<'PY' 2>&1 | tail -1 | tee -a "$SUM"
+import json, sys
+d = json.load(open(sys.argv[1])); p = d["plan"]; k = d["soak"]; M = 2**20
+print(f"{sys.argv[2]} {sys.argv[3]}: batch {p['batch']}, budget {p['budget']['bytes']/M:.0f} MiB, predicted {p['predicted_peak']/M:.0f}, "
+      f"soak peak {k['peak']/M:.0f} ({k['peak']/p['predicted_peak']:.3f}x), {k['oom']} of {k['passes']} passes out of memory")
 PY
   done
 fi
