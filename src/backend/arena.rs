@@ -674,10 +674,7 @@ mod vmm {
     pub(super) fn release_graph_region(d: &CudaDevice) -> Option<usize> {
         with(d, |a| {
             let live = a.graph_place.live_blocks();
-            let high = a.graph_place.used_high();
             a.graph_place = Placement::new(a.size);
-            // the high-water mark of the capture stays readable until the next reset
-            a.graph_place.used_high = high;
             live
         })
     }

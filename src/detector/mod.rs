@@ -76,16 +76,6 @@ pub struct Detector {
     graph: std::sync::Mutex<Graphs>,
 }
 
-/// The input dims of a graph captured at batch `rung` for pictures shaped like those of `x`.
-#[cfg(feature = "cuda")]
-fn gf_dims(x: &Tensor, rung: usize) -> Vec<usize> {
-    let mut d = x.dims().to_vec();
-    if let Some(b) = d.first_mut() {
-        *b = rung;
-    }
-    d
-}
-
 impl Detector {
     /// Loads a checkpoint (`.pt` or `.safetensors`) onto `device` in `dtype`.
     pub fn load(path: &Path, device: &Device, dtype: DType, imgsz: Option<usize>) -> Result<Self, ModelError> {
@@ -286,7 +276,8 @@ impl Detector {
                 match padded.and_then(|p| GraphedForward::capture(pass, &p)) {
                     Ok(gf) => {
                         tracing::info!(
-                            shape = ?gf_dims(x, rung),
+                            batch = gf.batch(),
+                            picture = ?x.dims().get(1..),
                             graphs = g.kept.len() + 1,
                             arena_mib = crate::backend::arena::stats(x.device()).map_or(0, |s| s.mapped >> 20),
                             graph_pool_mib = crate::backend::devmem::graph_pool_reserved(x.device()) >> 20,
