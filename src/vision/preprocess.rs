@@ -7,6 +7,8 @@ use std::path::Path;
 
 use image::{ImageDecoder, ImageReader, RgbImage};
 
+pub use image::metadata::Orientation;
+
 /// Value of the padding added around the resized picture (as the reference).
 pub const PAD_VALUE: u8 = 114;
 
@@ -39,6 +41,8 @@ pub enum ImageError {
     TooLarge { size: u64, limit: u64 },
     #[error("not a supported image (JPEG, PNG, BMP or WebP)")]
     UnknownFormat,
+    #[error("not a JPEG")]
+    NotJpeg,
     #[error("image is {width}x{height}, above the limit ({max_side} px per side, {max_pixels} pixels)")]
     Dimensions { width: u32, height: u32, max_side: u32, max_pixels: u64 },
     #[error("corrupt or truncated {format} image: {reason}")]
@@ -47,15 +51,58 @@ pub enum ImageError {
 
 /// Decodes an encoded image into RGB8, honouring EXIF orientation; never panics on bad input.
 pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, ImageError> {
+    let reader = open(bytes, limits)?;
+    let format = reader.format().ok_or(ImageError::UnknownFormat)?;
+    let fmt_name = format_name(format);
+    let (mut decoder, _, _) = checked_decoder(reader, format, bytes, limits)?;
+    let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
+    // a decoder bug (e.g. an arithmetic overflow that panics where overflow checks are on) is
+    // this input's error, not the caller's panic
+    let mut img = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| image::DynamicImage::from_decoder(decoder)))
+        .map_err(|_| ImageError::Corrupt { format: fmt_name.clone(), reason: "the decoder failed on this input".into() })?
+        .map_err(|e| ImageError::Corrupt { format: fmt_name, reason: e.to_string() })?;
+    img.apply_orientation(orientation);
+    Ok(img.into_rgb8())
+}
+
+/// Every check [`decode_image`] makes on a JPEG before it decodes a pixel (size, format,
+/// truncation, dimensions against `limits`, a header claiming more blocks than the file has
+/// bits), without decoding any: the stored width and height (before EXIF orientation) and the
+/// EXIF orientation. For decoders that take the file elsewhere (nvJPEG) and ignore EXIF.
+pub fn check_jpeg_header(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u32, Orientation), ImageError> {
+    let reader = open(bytes, limits)?;
+    if reader.format() != Some(image::ImageFormat::Jpeg) {
+        return Err(ImageError::NotJpeg);
+    }
+    let (mut decoder, width, height) = checked_decoder(reader, image::ImageFormat::Jpeg, bytes, limits)?;
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    Ok((width, height, orientation))
+}
+
+/// The encoded file's size checks and its guessed format.
+fn open<'a>(bytes: &'a [u8], limits: &DecodeLimits) -> Result<ImageReader<Cursor<&'a [u8]>>, ImageError> {
     if bytes.is_empty() {
         return Err(ImageError::Empty);
     }
     if bytes.len() as u64 > limits.max_bytes {
         return Err(ImageError::TooLarge { size: bytes.len() as u64, limit: limits.max_bytes });
     }
-    let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format()?;
-    let format = reader.format().ok_or(ImageError::UnknownFormat)?;
-    let fmt_name = format!("{format:?}").to_uppercase();
+    Ok(ImageReader::new(Cursor::new(bytes)).with_guessed_format()?)
+}
+
+fn format_name(format: image::ImageFormat) -> String {
+    format!("{format:?}").to_uppercase()
+}
+
+/// The decoder of `reader` (of `format`) once the header has passed every check made before
+/// decoding, with `limits` set on it, and the picture's stored width and height.
+fn checked_decoder<'a>(
+    reader: ImageReader<Cursor<&'a [u8]>>,
+    format: image::ImageFormat,
+    bytes: &[u8],
+    limits: &DecodeLimits,
+) -> Result<(impl ImageDecoder + 'a, u32, u32), ImageError> {
+    let fmt_name = format_name(format);
     let corrupt = |e: image::ImageError| ImageError::Corrupt { format: fmt_name.clone(), reason: e.to_string() };
     if format == image::ImageFormat::Jpeg && !jpeg_is_complete(bytes) {
         // decoders fill a cut-off scan with grey and succeed; a half-written upload is not a picture
@@ -91,14 +138,7 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
     img_limits.max_image_height = Some(limits.max_side);
     img_limits.max_alloc = Some(limits.max_pixels.saturating_mul(16));
     decoder.set_limits(img_limits).map_err(corrupt)?;
-    let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
-    // a decoder bug (e.g. an arithmetic overflow that panics where overflow checks are on) is
-    // this input's error, not the caller's panic
-    let mut img = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| image::DynamicImage::from_decoder(decoder)))
-        .map_err(|_| ImageError::Corrupt { format: fmt_name.clone(), reason: "the decoder failed on this input".into() })?
-        .map_err(corrupt)?;
-    img.apply_orientation(orientation);
-    Ok(img.into_rgb8())
+    Ok((decoder, width, height))
 }
 
 /// True when an end-of-image marker follows the last start-of-scan marker. Entropy-coded data
@@ -239,7 +279,7 @@ const COEF_BITS: u32 = 11;
 const COEF_SCALE: f32 = (1 << COEF_BITS) as f32;
 
 /// Source index and fixed-point weights of one destination coordinate, as OpenCV computes them.
-fn linear_taps(dst_len: usize, src_len: usize, clamp_weight: bool) -> Vec<(usize, usize, i32, i32)> {
+pub(crate) fn linear_taps(dst_len: usize, src_len: usize, clamp_weight: bool) -> Vec<(usize, usize, i32, i32)> {
     let scale = src_len as f64 / dst_len as f64;
     (0..dst_len)
         .map(|d| {
@@ -411,6 +451,23 @@ mod tests {
         // over the side limit, the dimensions error comes first
         let e = decode_image(&jpeg_claiming(20000, 100), &DecodeLimits::default()).unwrap_err().to_string();
         assert!(e.contains("20000x100") && e.contains("above the limit"), "{e}");
+    }
+
+    #[test]
+    fn the_jpeg_header_check_refuses_what_decode_image_refuses_without_decoding() {
+        let ok = jpeg_claiming(64, 48);
+        let (w, h, o) = check_jpeg_header(&ok, &DecodeLimits::default()).unwrap();
+        assert_eq!((w, h, o), (64, 48, Orientation::NoTransforms));
+        let stub = check_jpeg_header(&jpeg_claiming(16000, 6000), &DecodeLimits::default()).unwrap_err().to_string();
+        assert!(stub.contains("claims 16000x6000"), "{stub}");
+        let cut = check_jpeg_header(&ok[..ok.len() * 2 / 3], &DecodeLimits::default()).unwrap_err().to_string();
+        assert!(cut.contains("truncated"), "{cut}");
+        let small = DecodeLimits { max_side: 32, ..DecodeLimits::default() };
+        assert!(matches!(check_jpeg_header(&ok, &small), Err(ImageError::Dimensions { width: 64, height: 48, .. })));
+        let mut png = Vec::new();
+        RgbImage::new(4, 4).write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+        assert!(matches!(check_jpeg_header(&png, &DecodeLimits::default()), Err(ImageError::NotJpeg)));
+        assert!(decode_image(&png, &DecodeLimits::default()).is_ok());
     }
 
     #[test]
