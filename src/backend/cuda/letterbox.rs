@@ -1,0 +1,163 @@
+//! The letterbox on CUDA in one launch per batch (`kernels/letterbox.cu`): decoded RGB pictures
+//! already on the device, each with its own size and row pitch, become the u8 network input
+//! `(B, H, W, 3)`, bit-exact with the host's `letterbox_fit` (OpenCV INTER_LINEAR in fixed point,
+//! pad 114).
+//!
+//! The tap tables (source index and weights per destination column and row) are computed on the
+//! host by the same `linear_taps` the host resize uses, uploaded once per picture shape and kept
+//! (a bounded cache).
+
+use std::collections::HashMap;
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::CudaDevice;
+
+use crate::vision::preprocess::{linear_taps, LetterboxGeometry};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/letterbox.ptx"));
+const MODULE: &str = "yolo_edge_letterbox";
+
+/// Tap tables kept at most; past it the cache starts again (each table is a few kB).
+const MAX_TAP_SHAPES: usize = 256;
+
+/// u64 words per slot in the launch's table (`struct Slot` in `kernels/letterbox.cu`).
+const SLOT_WORDS: usize = 10;
+
+/// A decoded picture in the source buffer: RGB interleaved, `h` rows of `w * 3` bytes, `pitch`
+/// bytes apart, from byte `offset`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Source {
+    pub offset: usize,
+    pub pitch: usize,
+    pub w: u32,
+    pub h: u32,
+}
+
+/// Tap tables on the device per (source width, height, new width, height).
+#[derive(Default)]
+pub(crate) struct Letterboxer {
+    taps: HashMap<(u32, u32, u32, u32), CudaSlice<i32>>,
+}
+
+impl Letterboxer {
+    /// Writes slots `first..first + slots.len()` of `out` (u8 `(B, in_h, in_w, 3)`, contiguous):
+    /// slot `first + k` from `slots[k]`, a picture of `base` placed by its geometry, or the pad
+    /// value where `None`. Every geometry must be of an `in_w` x `in_h` input and every source
+    /// inside `base`: checked here, before anything is launched.
+    pub fn run(
+        &mut self,
+        dev: &CudaDevice,
+        base: &CudaSlice<u8>,
+        slots: &[Option<(Source, LetterboxGeometry)>],
+        first: usize,
+        (in_w, in_h): (u32, u32),
+        out: &mut CudaSlice<u8>,
+    ) -> candle_core::Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let hw = (in_w as usize).checked_mul(in_h as usize).filter(|&v| v > 0);
+        let pixels = hw.and_then(|hw| hw.checked_mul(slots.len()));
+        let end = hw.and_then(|hw| hw.checked_mul(first.checked_add(slots.len())?)?.checked_mul(3));
+        let (Some(pixels), Some(end)) = (pixels, end) else {
+            candle_core::bail!("letterbox: {} slots of {in_w}x{in_h} is not a valid input", slots.len());
+        };
+        if end > out.len() || pixels > u32::MAX as usize || first > u32::MAX as usize {
+            candle_core::bail!("letterbox: slots {first}..{} of {in_w}x{in_h} do not fit the output", first + slots.len());
+        }
+        if self.taps.len() > MAX_TAP_SHAPES {
+            self.taps.clear(); // freed in stream order, after the launches that read them
+        }
+        let stream = dev.cuda_stream();
+        let mut table = Vec::with_capacity(slots.len() * SLOT_WORDS);
+        for (k, slot) in slots.iter().enumerate() {
+            let Some((src, g)) = slot else {
+                table.extend_from_slice(&[0; SLOT_WORDS]);
+                continue;
+            };
+            check_slot(src, g, (in_w, in_h), base.len())
+                .map_err(|e| candle_core::Error::Msg(format!("letterbox: slot {}: {e}", first + k)))?;
+            let copy = (g.new_w, g.new_h) == (src.w, src.h);
+            let taps = if copy {
+                0
+            } else {
+                let key = (src.w, src.h, g.new_w, g.new_h);
+                if !self.taps.contains_key(&key) {
+                    let t = dev.clone_htod(&tap_table(src.w, src.h, g.new_w, g.new_h)?)?;
+                    self.taps.insert(key, t);
+                }
+                let (ptr, _record) = self.taps[&key].device_ptr(&stream);
+                ptr
+            };
+            table.extend_from_slice(&[
+                src.offset as u64,
+                taps,
+                src.pitch as u64,
+                src.w.into(),
+                src.h.into(),
+                g.new_w.into(),
+                g.new_h.into(),
+                g.left.into(),
+                g.top.into(),
+                if copy { 1 } else { 2 },
+            ]);
+        }
+        let table = dev.clone_htod(&table)?;
+        let func = dev.get_or_load_custom_func("letterbox_u8", MODULE, PTX)?;
+        let cfg = super::grid(pixels, 256);
+        let (first, count) = (first as u32, slots.len() as u32);
+        let mut builder = func.builder();
+        builder.arg(base);
+        builder.arg(&table);
+        builder.arg(&first);
+        builder.arg(&count);
+        builder.arg(&in_w);
+        builder.arg(&in_h);
+        builder.arg(out);
+        // SAFETY: argument list matches `kernels/letterbox.cu`; `table` holds SLOT_WORDS words per
+        // slot in `struct Slot`'s order; every source region lies inside `base` and every tap
+        // indexes inside its source (`check_slot`, `linear_taps` clamps to the last row and
+        // column); the tap tables stay alive in `self.taps` until a later call clears them, which
+        // frees them in stream order; the output holds slots `first..first + count` (checked above).
+        unsafe { builder.launch(cfg) }.w()?;
+        Ok(())
+    }
+}
+
+/// Whether `src` placed by `g` is a picture of `base` (`base_len` bytes) inside the input.
+fn check_slot(src: &Source, g: &LetterboxGeometry, (in_w, in_h): (u32, u32), base_len: usize) -> Result<(), String> {
+    if (g.in_w, g.in_h) != (in_w, in_h) {
+        return Err(format!("geometry of a {}x{} input in a batch of {in_w}x{in_h}", g.in_w, g.in_h));
+    }
+    if (g.orig_w, g.orig_h) != (src.w, src.h) || src.w == 0 || src.h == 0 {
+        return Err(format!("geometry of a {}x{} picture for a {}x{} source", g.orig_w, g.orig_h, src.w, src.h));
+    }
+    if g.new_w == 0
+        || g.new_h == 0
+        || g.left.checked_add(g.new_w).is_none_or(|r| r > in_w)
+        || g.top.checked_add(g.new_h).is_none_or(|b| b > in_h)
+    {
+        return Err(format!("resized region {}x{} at ({}, {}) outside the input", g.new_w, g.new_h, g.left, g.top));
+    }
+    let row = (src.w as usize).checked_mul(3).ok_or("row size overflows")?;
+    let end = (src.h as usize - 1).checked_mul(src.pitch).and_then(|v| v.checked_add(row)?.checked_add(src.offset));
+    if src.pitch < row || end.is_none_or(|e| e > base_len) {
+        return Err(format!("source {}x{} (pitch {}, offset {}) outside its {base_len}-byte buffer", src.w, src.h, src.pitch, src.offset));
+    }
+    Ok(())
+}
+
+/// `(s0, s1, w0, w1)` per new column, then per new row, as the host resize computes them.
+fn tap_table(sw: u32, sh: u32, nw: u32, nh: u32) -> candle_core::Result<Vec<i32>> {
+    let x = linear_taps(nw as usize, sw as usize, true);
+    let y = linear_taps(nh as usize, sh as usize, false);
+    let mut t = Vec::with_capacity((x.len() + y.len()) * 4);
+    for (s0, s1, w0, w1) in x.into_iter().chain(y) {
+        let (Ok(s0), Ok(s1)) = (i32::try_from(s0), i32::try_from(s1)) else {
+            candle_core::bail!("letterbox: a {sw}x{sh} source is too large for the kernel's taps");
+        };
+        t.extend_from_slice(&[s0, s1, w0, w1]);
+    }
+    Ok(t)
+}
