@@ -1,0 +1,576 @@
+//! JPEG pictures to the network input on the GPU: nvJPEG decodes them into device buffers and
+//! the device letterbox ([`super::letterbox`]) resizes and pads them into the u8 input
+//! `(B, H, W, 3)`, so no pixel of theirs is decoded or resized on the host.
+//!
+//! nvJPEG is loaded at run time (`libnvjpeg.so.13`, then `libnvjpeg.so`); without it
+//! [`GpuJpeg::new`] is an error and the caller keeps the CPU decoder. The hardware decoder
+//! (`NVJPEG_BACKEND_HARDWARE`, batched) takes the pictures it supports; the default backend
+//! decodes the rest one by one. Pictures nvJPEG must not take (not a JPEG, an EXIF orientation
+//! other than 1, over the limits, truncated, a stub header: the host decoder's own checks,
+//! [`check_jpeg_header`]) or could not decode come back as a [`Fallback`]: the caller decodes them
+//! on the host and writes them into their slot ([`GpuJpeg::write_slot`]).
+//!
+//! Device memory: the decoded pictures and the input go through cudarc on the device's stream
+//! (the decode buffer is kept and grown, never shrunk); nvJPEG's own scratch and pinned staging
+//! are allocated by nvJPEG itself (its default `cudaMalloc`/`cudaHostAlloc`), outside cudarc.
+//!
+//! May use: candle's CUDA backend, cudarc, libloading, `vision::preprocess`.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaSlice, DevicePtrMut};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaDevice, Tensor};
+
+use super::letterbox::{Letterboxer, Source};
+use crate::vision::preprocess::{check_jpeg_header, DecodeLimits, Fit, ImageError, LetterboxGeometry, Letterboxed, Orientation};
+
+/// The library names tried, in order.
+const LIBRARIES: [&str; 2] = ["libnvjpeg.so.13", "libnvjpeg.so"];
+
+/// Decoded bytes one decode-and-letterbox round holds at most (more pictures take more rounds,
+/// each one launch); a single larger picture (within the limits) still takes a round of its own.
+const ROUND_BYTES: usize = 1 << 30;
+
+/// Alignment of each decoded picture in the decode buffer.
+const ALIGN: usize = 256;
+
+// nvjpeg.h (CUDA 13.0): the few declarations used here.
+type Status = c_int;
+type Handle = *mut c_void;
+type State = *mut c_void;
+type JpegStream = *mut c_void;
+type CudaStream = *mut c_void;
+const NVJPEG_BACKEND_DEFAULT: c_int = 0;
+const NVJPEG_BACKEND_HARDWARE: c_int = 3;
+const NVJPEG_OUTPUT_RGBI: c_int = 5;
+const NVJPEG_MAX_COMPONENT: usize = 4;
+
+/// `nvjpegImage_t`: with interleaved output only `channel[0]`/`pitch[0]` are used.
+#[repr(C)]
+struct Image {
+    channel: [*mut u8; NVJPEG_MAX_COMPONENT],
+    pitch: [usize; NVJPEG_MAX_COMPONENT],
+}
+
+type CreateEx = unsafe extern "C" fn(c_int, *mut c_void, *mut c_void, c_uint, *mut Handle) -> Status;
+type Destroy = unsafe extern "C" fn(Handle) -> Status;
+type StateCreate = unsafe extern "C" fn(Handle, *mut State) -> Status;
+type StateDestroy = unsafe extern "C" fn(State) -> Status;
+type GetImageInfo = unsafe extern "C" fn(Handle, *const u8, usize, *mut c_int, *mut c_int, *mut c_int, *mut c_int) -> Status;
+type Decode = unsafe extern "C" fn(Handle, State, *const u8, usize, c_int, *mut Image, CudaStream) -> Status;
+type DecodeBatchedInitialize = unsafe extern "C" fn(Handle, State, c_int, c_int, c_int) -> Status;
+type DecodeBatched = unsafe extern "C" fn(Handle, State, *const *const u8, *const usize, *mut Image, CudaStream) -> Status;
+type StreamCreate = unsafe extern "C" fn(Handle, *mut JpegStream) -> Status;
+type StreamDestroy = unsafe extern "C" fn(JpegStream) -> Status;
+type StreamParse = unsafe extern "C" fn(Handle, *const u8, usize, c_int, c_int, JpegStream) -> Status;
+type DecodeBatchedSupported = unsafe extern "C" fn(Handle, JpegStream, *mut c_int) -> Status;
+
+/// The entry points, valid while `_lib` is loaded.
+struct Api {
+    create_ex: CreateEx,
+    destroy: Destroy,
+    state_create: StateCreate,
+    state_destroy: StateDestroy,
+    get_image_info: GetImageInfo,
+    decode: Decode,
+    batched_initialize: DecodeBatchedInitialize,
+    batched: DecodeBatched,
+    stream_create: StreamCreate,
+    stream_destroy: StreamDestroy,
+    stream_parse: StreamParse,
+    batched_supported: DecodeBatchedSupported,
+    _lib: libloading::Library,
+}
+
+impl Api {
+    fn load() -> Result<Self, JpegError> {
+        let mut reasons = Vec::new();
+        let mut found = None;
+        for name in LIBRARIES {
+            // SAFETY: loading NVIDIA's nvJPEG, whose initialisers have no preconditions.
+            match unsafe { libloading::Library::new(name) } {
+                Ok(lib) => {
+                    found = Some((name, lib));
+                    break;
+                }
+                Err(e) => reasons.push(format!("{name}: {e}")),
+            }
+        }
+        let Some((name, lib)) = found else {
+            return Err(JpegError::Missing(reasons.join("; ")));
+        };
+        macro_rules! sym {
+            ($t:ty, $s:literal) => {
+                // SAFETY: `$t` is the signature nvjpeg.h (CUDA 13.0) declares for this symbol; the
+                // pointer is kept only as long as `lib` (moved into the same `Api`).
+                *unsafe { lib.get::<$t>(concat!($s, "\0").as_bytes()) }.map_err(|_| JpegError::Symbol { lib: name, symbol: $s })?
+            };
+        }
+        Ok(Self {
+            create_ex: sym!(CreateEx, "nvjpegCreateEx"),
+            destroy: sym!(Destroy, "nvjpegDestroy"),
+            state_create: sym!(StateCreate, "nvjpegJpegStateCreate"),
+            state_destroy: sym!(StateDestroy, "nvjpegJpegStateDestroy"),
+            get_image_info: sym!(GetImageInfo, "nvjpegGetImageInfo"),
+            decode: sym!(Decode, "nvjpegDecode"),
+            batched_initialize: sym!(DecodeBatchedInitialize, "nvjpegDecodeBatchedInitialize"),
+            batched: sym!(DecodeBatched, "nvjpegDecodeBatched"),
+            stream_create: sym!(StreamCreate, "nvjpegJpegStreamCreate"),
+            stream_destroy: sym!(StreamDestroy, "nvjpegJpegStreamDestroy"),
+            stream_parse: sym!(StreamParse, "nvjpegJpegStreamParse"),
+            batched_supported: sym!(DecodeBatchedSupported, "nvjpegDecodeBatchedSupported"),
+            _lib: lib,
+        })
+    }
+}
+
+/// An `nvjpegStatus_t` other than success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvjpegStatus(pub i32);
+
+impl std::fmt::Display for NvjpegStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.0 {
+            1 => "NOT_INITIALIZED",
+            2 => "INVALID_PARAMETER",
+            3 => "BAD_JPEG",
+            4 => "JPEG_NOT_SUPPORTED",
+            5 => "ALLOCATOR_FAILURE",
+            6 => "EXECUTION_FAILED",
+            7 => "ARCH_MISMATCH",
+            8 => "INTERNAL_ERROR",
+            9 => "IMPLEMENTATION_NOT_SUPPORTED",
+            10 => "INCOMPLETE_BITSTREAM",
+            _ => "unknown status",
+        };
+        write!(f, "NVJPEG_STATUS_{name} ({})", self.0)
+    }
+}
+
+fn check(call: &'static str, status: Status) -> Result<(), (&'static str, NvjpegStatus)> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err((call, NvjpegStatus(status)))
+    }
+}
+
+/// Why GPU decoding is not available; the CPU decoder is used instead.
+#[derive(Debug, thiserror::Error)]
+pub enum JpegError {
+    #[error("nvJPEG library not found ({0}); pictures are decoded on the CPU")]
+    Missing(String),
+    #[error("{lib} has no `{symbol}`; pictures are decoded on the CPU")]
+    Symbol { lib: &'static str, symbol: &'static str },
+    #[error("{call} failed: {status}; pictures are decoded on the CPU")]
+    Nvjpeg { call: &'static str, status: NvjpegStatus },
+    #[error("CUDA: {0}; pictures are decoded on the CPU")]
+    Cuda(String),
+}
+
+/// Why one picture was not decoded on the GPU: the caller decodes it on the host and writes it
+/// into its slot with [`GpuJpeg::write_slot`] (until then the slot holds the pad value).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Fallback {
+    #[error("not a JPEG")]
+    NotJpeg,
+    /// The host decoder's checks refused it (size, dimensions, truncated, stub header, corrupt);
+    /// the host decode will say the same.
+    #[error("{0}")]
+    Refused(String),
+    #[error("EXIF orientation {0:?}, which nvJPEG does not apply")]
+    Orientation(Orientation),
+    #[error("nvJPEG cannot take it: {0}")]
+    Unsupported(String),
+    #[error("{call}: {status}")]
+    Nvjpeg { call: &'static str, status: NvjpegStatus },
+}
+
+impl From<(&'static str, NvjpegStatus)> for Fallback {
+    fn from((call, status): (&'static str, NvjpegStatus)) -> Self {
+        Fallback::Nvjpeg { call, status }
+    }
+}
+
+/// One nvJPEG handle with its decoding state.
+struct Decoder {
+    handle: Handle,
+    state: State,
+}
+
+/// The hardware decoder, with the parsed stream its support check reads.
+struct Hardware {
+    dec: Decoder,
+    stream: JpegStream,
+}
+
+struct Inner {
+    /// The default backend: every picture the hardware decoder does not take.
+    default: Decoder,
+    hardware: Option<Hardware>,
+    /// Decoded pictures of the current round (grown, never shrunk).
+    buf: Option<CudaSlice<u8>>,
+    /// Recorded after the last letterbox launch that reads `buf`: nvJPEG writes `buf` only after it.
+    read: Option<CudaEvent>,
+    letterbox: Letterboxer,
+}
+
+/// nvJPEG decoding and the device letterbox for one CUDA device (its own stream).
+pub struct GpuJpeg {
+    inner: Mutex<Inner>,
+    dev: CudaDevice,
+    backend: &'static str,
+    api: Api,
+}
+
+// SAFETY: the nvJPEG handles and states are used only under `inner`'s lock, one thread at a time,
+// as nvJPEG requires of a state; the handles themselves may be used from any thread.
+unsafe impl Send for GpuJpeg {}
+// SAFETY: as for Send: every use of the raw handles goes through the lock.
+unsafe impl Sync for GpuJpeg {}
+
+/// What is done with one picture.
+enum Plan {
+    Decode {
+        w: u32,
+        h: u32,
+        g: LetterboxGeometry,
+    },
+    /// `shape`: the input this picture needs, where its header says it.
+    Fallback {
+        why: Fallback,
+        shape: Option<(u32, u32)>,
+    },
+}
+
+impl GpuJpeg {
+    /// Loads nvJPEG and makes its decoders for `dev`: the hardware one where the GPU has it, and
+    /// always the default one.
+    pub fn new(dev: &CudaDevice) -> Result<Self, JpegError> {
+        let api = Api::load()?;
+        let stream = dev.cuda_stream();
+        stream.context().bind_to_thread().map_err(|e| JpegError::Cuda(e.to_string()))?;
+        let default = Self::decoder(&api, NVJPEG_BACKEND_DEFAULT).map_err(|(call, status)| JpegError::Nvjpeg { call, status })?;
+        let hardware = match Self::decoder(&api, NVJPEG_BACKEND_HARDWARE) {
+            Ok(dec) => {
+                let mut js: JpegStream = std::ptr::null_mut();
+                // SAFETY: a valid handle and an out-pointer to a local.
+                match check("nvjpegJpegStreamCreate", unsafe { (api.stream_create)(dec.handle, &mut js) }) {
+                    Ok(()) => Some(Hardware { dec, stream: js }),
+                    Err((call, status)) => {
+                        tracing::debug!("nvJPEG hardware decoder off: {call}: {status}");
+                        Self::destroy(&api, &dec);
+                        None
+                    }
+                }
+            }
+            Err((call, status)) => {
+                tracing::debug!("nvJPEG hardware decoder not available: {call}: {status}");
+                None
+            }
+        };
+        let backend = if hardware.is_some() { "hardware" } else { "default" };
+        let inner = Inner { default, hardware, buf: None, read: None, letterbox: Letterboxer::default() };
+        Ok(Self { inner: Mutex::new(inner), dev: dev.clone(), backend, api })
+    }
+
+    fn decoder(api: &Api, backend: c_int) -> Result<Decoder, (&'static str, NvjpegStatus)> {
+        let mut handle: Handle = std::ptr::null_mut();
+        // SAFETY: null allocators select nvJPEG's defaults; flags 0; `handle` is a local out-pointer.
+        check("nvjpegCreateEx", unsafe { (api.create_ex)(backend, std::ptr::null_mut(), std::ptr::null_mut(), 0, &mut handle) })?;
+        let mut state: State = std::ptr::null_mut();
+        // SAFETY: `handle` was just created; `state` is a local out-pointer.
+        if let Err(e) = check("nvjpegJpegStateCreate", unsafe { (api.state_create)(handle, &mut state) }) {
+            // SAFETY: destroying the handle created above, used by nothing else.
+            unsafe { (api.destroy)(handle) };
+            return Err(e);
+        }
+        Ok(Decoder { handle, state })
+    }
+
+    fn destroy(api: &Api, d: &Decoder) {
+        // SAFETY: the state and handle were created together by `decoder` and are not used after.
+        unsafe {
+            (api.state_destroy)(d.state);
+            (api.destroy)(d.handle);
+        }
+    }
+
+    /// `"hardware"` when nvJPEG's hardware decoder takes the pictures it supports, else `"default"`.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Decodes `pictures` and letterboxes them for `size` and `fit` into one u8 tensor
+    /// `(B, H, W, 3)` on the device, with per picture its geometry or why it was not decoded here
+    /// (its slot then holds the pad value 114 until [`Self::write_slot`]). Every picture of one call
+    /// must need the same input `H x W` (always so for [`Fit::Square`]; the caller groups
+    /// [`Fit::Rect`] pictures by shape): an error otherwise. When no picture's header is readable
+    /// the input is `size x size`.
+    ///
+    /// Returns once nvJPEG is done with `pictures`; the letterbox runs on the device's stream.
+    #[allow(clippy::type_complexity)]
+    pub fn decode_letterbox(
+        &self,
+        pictures: &[&[u8]],
+        size: u32,
+        fit: Fit,
+        limits: &DecodeLimits,
+    ) -> candle_core::Result<(Tensor, Vec<Result<LetterboxGeometry, Fallback>>)> {
+        if size == 0 || pictures.is_empty() {
+            candle_core::bail!("decode_letterbox: {} pictures at size {size}", pictures.len());
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let stream = self.dev.cuda_stream();
+        stream.context().bind_to_thread().w()?;
+        let plans: Vec<Plan> = pictures.iter().map(|p| self.plan(&inner.default, p, size, fit, limits)).collect();
+        let shapes = plans.iter().filter_map(|p| match p {
+            Plan::Decode { g, .. } => Some((g.in_w, g.in_h)),
+            Plan::Fallback { shape, .. } => *shape,
+        });
+        let mut in_shape = None;
+        for s in shapes {
+            match in_shape {
+                None => in_shape = Some(s),
+                Some(first) if first != s => candle_core::bail!(
+                    "decode_letterbox: the pictures of one call need one input shape, got {}x{} and {}x{}",
+                    first.0,
+                    first.1,
+                    s.0,
+                    s.1
+                ),
+                Some(_) => {}
+            }
+        }
+        let (in_w, in_h) = in_shape.unwrap_or((size, size));
+        let b = pictures.len();
+        let Some(total) = b.checked_mul(in_w as usize).and_then(|v| v.checked_mul(in_h as usize)?.checked_mul(3)) else {
+            candle_core::bail!("decode_letterbox: {b} pictures of {in_w}x{in_h} is too large");
+        };
+        // SAFETY: every slot (all `total` bytes) is written by one of the launches below.
+        let mut out = unsafe { self.dev.alloc::<u8>(total)? };
+        let mut results: Vec<Result<LetterboxGeometry, Fallback>> = Vec::with_capacity(b);
+        let mut start = 0;
+        while start < b {
+            // one round: consecutive pictures whose decoded bytes fit ROUND_BYTES (at least one)
+            let mut sources: Vec<Option<Source>> = Vec::new();
+            let mut bytes = 0usize;
+            while start + sources.len() < b {
+                let src = match &plans[start + sources.len()] {
+                    Plan::Decode { w, h, .. } => {
+                        let pitch = *w as usize * 3;
+                        let need = pitch.checked_mul(*h as usize).and_then(|v| v.checked_next_multiple_of(ALIGN));
+                        let Some(need) = need else { candle_core::bail!("decode_letterbox: a {w}x{h} picture is too large") };
+                        if !sources.is_empty() && bytes.saturating_add(need) > ROUND_BYTES {
+                            break;
+                        }
+                        let s = Source { offset: bytes, pitch, w: *w, h: *h };
+                        bytes += need;
+                        Some(s)
+                    }
+                    Plan::Fallback { .. } => None,
+                };
+                sources.push(src);
+            }
+            let round = start..start + sources.len();
+            let Inner { default, hardware, buf, read, letterbox } = &mut *inner;
+            if let Some(e) = read.take() {
+                e.synchronize().w()?; // the last launch has read the buffer
+            }
+            if buf.as_ref().is_none_or(|s| s.len() < bytes.max(1)) {
+                *buf = None; // freed in stream order before the larger one is taken
+                             // SAFETY: only the regions nvJPEG wrote are read (slots whose decode succeeded).
+                *buf = Some(unsafe { self.dev.alloc::<u8>(bytes.max(1))? });
+            }
+            let buf = buf.as_mut().expect("decode buffer allocated above");
+            let decoded = self.decode_round(default, hardware.as_ref(), &pictures[round.clone()], &sources, buf)?;
+            // nvJPEG may read the host bitstreams until its work on the stream is done
+            stream.synchronize().w()?;
+            let mut slots = Vec::with_capacity(sources.len());
+            for ((plan, src), dec) in plans[round.clone()].iter().zip(&sources).zip(decoded) {
+                let r = match (plan, src, dec) {
+                    (Plan::Decode { g, .. }, Some(src), None) => {
+                        slots.push(Some((*src, *g)));
+                        Ok(*g)
+                    }
+                    (_, _, Some(why)) => Err(why),
+                    (Plan::Fallback { why, .. }, _, None) => Err(why.clone()),
+                    (Plan::Decode { .. }, None, None) => candle_core::bail!("decode_letterbox: a picture to decode without a source"),
+                };
+                if r.is_err() {
+                    slots.push(None);
+                }
+                results.push(r);
+            }
+            letterbox.run(&self.dev, buf, &slots, round.start, (in_w, in_h), &mut out)?;
+            *read = Some(stream.record_event(None).w()?);
+            start = round.end;
+        }
+        let storage = candle_core::CudaStorage::wrap_cuda_slice(out, self.dev.clone());
+        let shape = candle_core::Shape::from((b, in_h as usize, in_w as usize, 3));
+        let x = Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false);
+        Ok((x, results))
+    }
+
+    /// Whether nvJPEG is to decode `bytes`, after the host decoder's own checks and nvJPEG's
+    /// reading of the header.
+    fn plan(&self, dec: &Decoder, bytes: &[u8], size: u32, fit: Fit, limits: &DecodeLimits) -> Plan {
+        let (w, h, orientation) = match check_jpeg_header(bytes, limits) {
+            Ok(v) => v,
+            Err(ImageError::NotJpeg | ImageError::UnknownFormat) => return Plan::Fallback { why: Fallback::NotJpeg, shape: None },
+            Err(e) => return Plan::Fallback { why: Fallback::Refused(e.to_string()), shape: None },
+        };
+        if orientation != Orientation::NoTransforms {
+            use Orientation::*;
+            let (ow, oh) = if matches!(orientation, Rotate90 | Rotate270 | Rotate90FlipH | Rotate270FlipH) { (h, w) } else { (w, h) };
+            let g = LetterboxGeometry::fit(ow, oh, size, fit);
+            return Plan::Fallback { why: Fallback::Orientation(orientation), shape: Some((g.in_w, g.in_h)) };
+        }
+        let g = LetterboxGeometry::fit(w, h, size, fit);
+        let fallback = |why: Fallback| Plan::Fallback { why, shape: Some((g.in_w, g.in_h)) };
+        let (mut components, mut subsampling) = (0 as c_int, 0 as c_int);
+        let (mut widths, mut heights) = ([0 as c_int; NVJPEG_MAX_COMPONENT], [0 as c_int; NVJPEG_MAX_COMPONENT]);
+        // SAFETY: `bytes` is valid for its length; the out-pointers are locals, the width and
+        // height arrays NVJPEG_MAX_COMPONENT long as nvjpeg.h asks; the function is thread safe.
+        let status = unsafe {
+            (self.api.get_image_info)(
+                dec.handle,
+                bytes.as_ptr(),
+                bytes.len(),
+                &mut components,
+                &mut subsampling,
+                widths.as_mut_ptr(),
+                heights.as_mut_ptr(),
+            )
+        };
+        if let Err(e) = check("nvjpegGetImageInfo", status) {
+            return fallback(e.into());
+        }
+        if components != 1 && components != 3 {
+            return fallback(Fallback::Unsupported(format!("{components} components")));
+        }
+        if (widths[0], heights[0]) != (w as c_int, h as c_int) {
+            return fallback(Fallback::Unsupported(format!("nvJPEG reads {}x{}, the header check {w}x{h}", widths[0], heights[0])));
+        }
+        Plan::Decode { w, h, g }
+    }
+
+    /// Decodes the pictures that have a source into `buf`: the hardware decoder's batch first,
+    /// then the rest one by one on the default backend. Per picture: `None` when decoded (or not
+    /// to be decoded), else why not.
+    fn decode_round(
+        &self,
+        default: &Decoder,
+        hardware: Option<&Hardware>,
+        pictures: &[&[u8]],
+        sources: &[Option<Source>],
+        buf: &mut CudaSlice<u8>,
+    ) -> candle_core::Result<Vec<Option<Fallback>>> {
+        let api = &self.api;
+        let stream = self.dev.cuda_stream();
+        let cu_stream = stream.cu_stream() as CudaStream;
+        let (base, _written) = buf.device_ptr_mut(&stream);
+        let image = |s: &Source| Image {
+            channel: [(base + s.offset as u64) as *mut u8, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()],
+            pitch: [s.pitch, 0, 0, 0],
+        };
+        let mut fallbacks: Vec<Option<Fallback>> = vec![None; pictures.len()];
+        let mut todo: Vec<usize> = (0..pictures.len()).filter(|&k| sources[k].is_some()).collect();
+        if let Some(hw) = hardware {
+            let mut batch = Vec::new();
+            for &k in &todo {
+                let p = pictures[k];
+                let mut unsupported: c_int = 1;
+                // SAFETY: `p` is valid for its length; the parsed stream belongs to the hardware
+                // handle and is used under the lock; `unsupported` is a local out-pointer.
+                let ok = unsafe {
+                    check("nvjpegJpegStreamParse", (api.stream_parse)(hw.dec.handle, p.as_ptr(), p.len(), 0, 0, hw.stream)).and_then(|()| {
+                        check("nvjpegDecodeBatchedSupported", (api.batched_supported)(hw.dec.handle, hw.stream, &mut unsupported))
+                    })
+                };
+                // nvjpeg.h: `is_supported` is 0 when the decoder can take the stream
+                if ok.is_ok() && unsupported == 0 {
+                    batch.push(k);
+                }
+            }
+            if !batch.is_empty() {
+                let data: Vec<*const u8> = batch.iter().map(|&k| pictures[k].as_ptr()).collect();
+                let lengths: Vec<usize> = batch.iter().map(|&k| pictures[k].len()).collect();
+                let mut images: Vec<Image> = batch.iter().map(|&k| image(sources[k].as_ref().expect("filtered on a source"))).collect();
+                let n = c_int::try_from(batch.len()).unwrap_or(c_int::MAX);
+                // SAFETY: the handle and state belong together and are used under the lock; the
+                // three arrays hold `n` entries each; every destination is a distinct region of
+                // `buf` of `pitch * h` bytes (laid out by the caller inside `buf`), device memory
+                // of this context; `pictures` outlive the work (the caller synchronizes the stream
+                // before returning).
+                let done = n == batch.len() as c_int
+                    && unsafe {
+                        check(
+                            "nvjpegDecodeBatchedInitialize",
+                            (api.batched_initialize)(hw.dec.handle, hw.dec.state, n, 1, NVJPEG_OUTPUT_RGBI),
+                        )
+                        .and_then(|()| {
+                            check(
+                                "nvjpegDecodeBatched",
+                                (api.batched)(hw.dec.handle, hw.dec.state, data.as_ptr(), lengths.as_ptr(), images.as_mut_ptr(), cu_stream),
+                            )
+                        })
+                    }
+                    .inspect_err(|(call, status)| {
+                        tracing::debug!("nvJPEG hardware batch of {n} failed ({call}: {status}); decoding one by one")
+                    })
+                    .is_ok();
+                if done {
+                    todo.retain(|k| !batch.contains(k));
+                }
+            }
+        }
+        for k in todo {
+            let p = pictures[k];
+            let mut img = image(sources[k].as_ref().expect("filtered on a source"));
+            // SAFETY: the default handle and state belong together and are used under the lock;
+            // `p` is valid for its length; the destination is a region of `buf` of `pitch * h`
+            // bytes, enough for interleaved RGB of the size nvJPEG read (checked in `plan`).
+            let status =
+                unsafe { (api.decode)(default.handle, default.state, p.as_ptr(), p.len(), NVJPEG_OUTPUT_RGBI, &mut img, cu_stream) };
+            if let Err(e) = check("nvjpegDecode", status) {
+                fallbacks[k] = Some(e.into());
+            }
+        }
+        Ok(fallbacks)
+    }
+
+    /// Writes a picture letterboxed on the host (a [`Fallback`]'s) into slot `i` of `x`, the
+    /// input [`Self::decode_letterbox`] returned.
+    pub fn write_slot(&self, x: &Tensor, i: usize, lb: &Letterboxed) -> candle_core::Result<()> {
+        let (b, h, w, c) = x.dims4()?;
+        let g = &lb.geometry;
+        if c != 3 || x.dtype() != candle_core::DType::U8 || i >= b {
+            candle_core::bail!("write_slot: slot {i} of a {:?} {:?} input", x.dtype(), x.shape());
+        }
+        if (g.in_w as usize, g.in_h as usize) != (w, h) || lb.pixels.len() != h * w * 3 {
+            candle_core::bail!("write_slot: a {}x{} picture ({} bytes) into a {w}x{h} input", g.in_w, g.in_h, lb.pixels.len());
+        }
+        let src = Tensor::from_slice(&lb.pixels, (1, h, w, 3), x.device())?;
+        x.slice_set(&src, 0, i)
+    }
+}
+
+impl Drop for GpuJpeg {
+    fn drop(&mut self) {
+        // nvJPEG's buffers may still be in use by work on the stream, and it frees them in the
+        // context current on this thread
+        let stream = self.dev.cuda_stream();
+        let _ = stream.synchronize();
+        let _ = stream.context().bind_to_thread();
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(hw) = &inner.hardware {
+            // SAFETY: the parsed stream was created on this handle and is not used after.
+            unsafe { (self.api.stream_destroy)(hw.stream) };
+            Self::destroy(&self.api, &hw.dec);
+        }
+        Self::destroy(&self.api, &inner.default);
+    }
+}
