@@ -7,15 +7,18 @@
 //!   recognising (and, for tests, injecting) out-of-memory.
 //! - [`conv`]: the convolution entry point the model calls, dispatching per device and shape to
 //!   [`cpu`] (raw-slice im2col + packed AVX2 GEMM) or [`cuda`] (cuDNN plans, fused kernels).
-//! - [`upload`]: pictures to the device through pinned staging; [`arena`]: deterministic
-//!   placement of a pass's activations (CUDA); [`profile`]: opt-in per-operation timing.
+//! - [`upload`]: pictures to the device through pinned staging; `GpuJpeg` (CUDA): JPEG files
+//!   decoded by nvJPEG and letterboxed on the device, the pictures it cannot take handed back to
+//!   the host decoder; [`arena`]: deterministic placement of a pass's activations (CUDA);
+//!   [`profile`]: opt-in per-operation timing.
 //! - [`tuning`]: the operator-tunable settings of this layer, with their defaults.
 //!
 //! The model and the detector use this layer through the names re-exported below; the
 //! per-device modules `cpu` and `cuda` are private to it.
 //!
-//! May use: candle, cudarc, the standard library, and `vision`'s plain types. Never imports the
-//! model, the detector or anything above them: the model calls down into this layer, not the
+//! May use: candle, cudarc, libloading (nvJPEG, loaded at run time), the standard library, and
+//! `vision`'s plain types and host preprocessing (the device letterbox matches it). Never imports
+//! the model, the detector or anything above them: the model calls down into this layer, not the
 //! other way round.
 
 pub mod arena;
@@ -43,5 +46,10 @@ pub use cuda::cudnn::conv2d as cudnn_conv2d;
 pub use cuda::{
     candidates::candidates as device_candidates, epilogue::bias_act, fuse::add_upsampled, graph::GraphedForward, head::decode_level,
     input::normalize as normalize_input, pool::pool as pool_nhwc,
+};
+#[cfg(feature = "cuda")]
+pub use cuda::{
+    jpeg::{Fallback, GpuJpeg, JpegError, NvjpegStatus},
+    jpeg_selfcheck::{jpeg_selfcheck, SelfCheck},
 };
 pub use upload::Uploader;

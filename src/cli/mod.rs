@@ -8,6 +8,8 @@ mod detect;
 mod eval;
 mod fleet;
 mod info;
+#[cfg(feature = "cuda")]
+mod jpeg_selfcheck;
 mod letterbox;
 mod plan;
 mod probe;
@@ -79,6 +81,10 @@ enum Cmd {
     Probe(probe::ProbeArgs),
     /// Watch every agent on a broker: status, model, device, batch, memory, img/s, p99, last seen.
     Fleet(fleet::FleetArgs),
+    /// Check nvJPEG decoding and the device letterbox against the host's on this GPU.
+    #[cfg(feature = "cuda")]
+    #[command(hide = true)]
+    JpegSelfcheck(jpeg_selfcheck::JpegSelfcheckArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -94,6 +100,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Letterbox(a) => letterbox::run(a),
         Cmd::Probe(a) => probe::run(a),
         Cmd::Fleet(a) => fleet::run(a),
+        #[cfg(feature = "cuda")]
+        Cmd::JpegSelfcheck(a) => jpeg_selfcheck::run(a),
     }
 }
 

@@ -1,10 +1,12 @@
 //! The CUDA path of the acceleration layer: convolutions through cuDNN plans ([`cudnn`], with
 //! feature `cudnn`), the project's fused kernels (`kernels/*.cu`, compiled to PTX by `build.rs`:
 //! conv [`epilogue`], CBFuse [`fuse`], channels-last [`pool`]ing, [`head`] decode, network
-//! [`input`] normalisation, score [`candidates`]) and one forward pass replayed as a CUDA
-//! [`graph`].
+//! [`input`] normalisation, score [`candidates`]), one forward pass replayed as a CUDA
+//! [`graph`], and JPEG pictures to the network input on the GPU ([`jpeg`]: nvJPEG decoding, then
+//! the device [`letterbox`]; [`jpeg_selfcheck`] checks both on the machine that has the GPU).
 //!
-//! May use: candle's CUDA backend, cudarc, and [`super`]'s device-memory modules.
+//! May use: candle's CUDA backend, cudarc, libloading (nvJPEG), [`super`]'s device-memory
+//! modules, and `vision::preprocess` (the host letterbox the device one matches).
 
 pub mod candidates;
 #[cfg(feature = "cudnn")]
@@ -14,6 +16,9 @@ pub mod fuse;
 pub mod graph;
 pub mod head;
 pub mod input;
+pub mod jpeg;
+pub mod jpeg_selfcheck;
+pub mod letterbox;
 pub mod pool;
 
 /// The launch shape of the project's grid-stride kernels: `block` threads per block and enough
