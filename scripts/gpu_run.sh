@@ -8,12 +8,13 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded graphcheck plansoak ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded jpegcheck e2efeed graphcheck plansoak ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
 # ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64,128,256: issue 3's Proof) E2E_ITERS (10) E2E_TIMEOUT (per variant, 150)
+#      E2E_MODELS ("$DEV/yolov9t-ball.pt random:yolov9c") E2E_DECODERS ("cpu nvjpeg"): step e2efeed; NVJPEG_DIR (/usr/local/cuda/lib64)
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
@@ -53,7 +54,8 @@ ab_bench() {
 BIN="$W/yolo-edge"
 xz -dc "$DIST/${BIN_XZ:-yolo-edge-cuda-sm90-cudnn.xz}" > "$BIN" && chmod +x "$BIN"
 SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
+# libnvjpeg (jpegcheck, e2efeed with nvjpeg): the CUDA toolkit's, or NVJPEG_DIR's
+export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${NVJPEG_DIR:-/usr/local/cuda/lib64}:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
 if has parity || has seeded || has torch || has torchprofile || has ballast || has ladder || has compile; then
   mkdir -p "$W/site" && python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHL"/*.whl >/dev/null 2>&1
@@ -109,6 +111,57 @@ if has e2e; then
     timeout "${E2E_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "$v" --dtype f16 --batches "$E2E_BATCHES" --mode e2e --images "$DEV"/horses.jpg,"$DEV"/volleyball-court.jpg --iters "${E2E_ITERS:-10}" --out "$W/bench-e2e-$v" > "$W/bench-e2e-$v.md" 2> "$W/bench-e2e-$v.log"
     echo "rc=$?" >> "$W/bench-e2e-$v.log"
     cat "$W/bench-e2e-$v.md" >> "$SUM"
+  done
+fi
+
+if has jpegcheck; then
+  say "## nvJPEG and the device letterbox against the host's decoder and letterbox (yolo-edge jpeg-selfcheck)"
+  timeout 120 "$BIN" jpeg-selfcheck --device cuda:0 > "$W/jpegcheck.md" 2> "$W/jpegcheck.log"
+  echo "rc=$?" | tee -a "$W/jpegcheck.log" >> "$SUM"
+  cat "$W/jpegcheck.md" >> "$SUM"; tail -5 "$W/jpegcheck.log" >> "$SUM"
+  say "### detect with the host decoder and with nvJPEG (yolov9t-ball.pt, f16 and f32, conf 0.01): detections paired by IoU"
+  for dt in f16 f32; do
+    for dec in cpu nvjpeg; do
+      timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --jpeg-decoder $dec --conf 0.01 --batch 2 \
+        --json "$W/jd-$dec-$dt.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >> "$W/jpegcheck.log" 2>&1
+    done
+    python3 - "$W/jd-cpu-$dt.jsonl" "$W/jd-nvjpeg-$dt.jsonl" "$dt" <<'PY' 2>&1 | tee -a "$SUM"
+import json, sys
+def load(p): return [json.loads(l) for l in open(p)]
+def iou(a, b):
+    ix = max(0, min(a[2], b[2]) - max(a[0], b[0])); iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    u = (a[2]-a[0])*(a[3]-a[1]) + (b[2]-b[0])*(b[3]-b[1]) - ix*iy
+    return ix*iy/u if u > 0 else 0
+for c, n in zip(load(sys.argv[1]), load(sys.argv[2])):
+    dc, dn = c.get("detections", []), n.get("detections", [])
+    box = lambda d: d["box"] if isinstance(d["box"], list) else [d["box"][k] for k in ("x1", "y1", "x2", "y2")]
+    ious, dconf = [], []
+    for d in dc:
+        best = max(dn, key=lambda e: iou(box(d), box(e)) if e["class_id"] == d["class_id"] else -1, default=None)
+        if best is not None:
+            ious.append(iou(box(d), box(best))); dconf.append(abs(d["confidence"] - best["confidence"]))
+    top = [round(d["confidence"], 3) for d in dc[:3]], [round(d["confidence"], 3) for d in dn[:3]]
+    print(f"{sys.argv[3]} {c['image'].split('/')[-1]}: cpu {len(dc)} boxes, nvjpeg {len(dn)}; min IoU {min(ious, default=1):.4f}, "
+          f"max |conf diff| {max(dconf, default=0):.4f}; top confidences {top}")
+PY
+  done
+fi
+
+if has e2efeed; then
+  say "## end to end through the decode feed: 1080p JPEG files in (volleyball-court.jpg, rect 640x384), detections out, f16, $(nproc) cores; model-only at 640x384 beside it"
+  # E2E_MODELS: checkpoints or random:yolov9X; the real checkpoint finds a few objects, random
+  # weights make every anchor a candidate (NMS-heavy). E2E_DECODERS: cpu, nvjpeg
+  for dec in ${E2E_DECODERS:-cpu nvjpeg}; do
+    for m in ${E2E_MODELS:-"$DEV/yolov9t-ball.pt" random:yolov9c}; do
+      tag=$(basename "${m#random:}" .pt)-$dec
+      modes=e2e; [ "$dec" = cpu ] && modes=model,e2e
+      say "### $tag"
+      timeout "${E2E_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --model "$m" --dtype f16 --batches "$E2E_BATCHES" --mode $modes --input 640x384 \
+        --jpeg-decoder "$dec" --images "$DEV"/volleyball-court.jpg --iters "${E2E_ITERS:-10}" --out "$W/e2efeed-$tag" > "$W/e2efeed-$tag.md" 2> "$W/e2efeed-$tag.log"
+      echo "rc=$?" >> "$W/e2efeed-$tag.log"
+      cat "$W/e2efeed-$tag.md" >> "$SUM"
+      grep -E "nvJPEG|warning|error" "$W/e2efeed-$tag.log" | head -5 >> "$SUM"
+    done
   done
 fi
 

@@ -44,12 +44,35 @@ pub struct Row {
     /// the call); none on the CPU.
     pub device_p50_ms: Option<f64>,
     pub device_p99_ms: Option<f64>,
-    /// batch / median latency.
+    /// batch / median latency; end to end, pictures per second while files stream through
+    /// ([`Row::e2e`]).
     pub images_per_s: Option<f64>,
     /// Peak device memory above the resident model during one batch (MiB).
     pub peak_mib: Option<f64>,
     pub iters: usize,
     pub error: Option<String>,
+    /// End to end only: where the host's time goes per picture when files stream through
+    /// (`images_per_s` is then that stream's throughput, not batch / latency).
+    pub e2e: Option<E2eCost>,
+}
+
+/// The host's cost per picture of the end-to-end path, measured while pictures stream through
+/// the decode feed into the model, batch after batch.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct E2eCost {
+    /// CPU time per picture (ms) on the feed's threads: reading the file, decoding, letterboxing.
+    pub read_ms: f64,
+    pub decode_ms: f64,
+    pub letterbox_ms: f64,
+    /// Wall time per picture (ms) of the inference thread's call: upload, the pass, the
+    /// candidates' copy back, NMS.
+    pub detect_ms: f64,
+    /// Wall time per picture (ms) the inference thread waited for the feed.
+    pub wait_ms: f64,
+    /// Cores the feed kept busy on average (its CPU time over the wall time).
+    pub feed_cores: f64,
+    /// Pictures streamed.
+    pub pictures: usize,
 }
 
 /// The `p`-th percentile (0-100, nearest rank) of `v`; `None` when `v` is empty. Sorts `v`.
@@ -119,10 +142,39 @@ fn csv_field(s: &str) -> String {
     }
 }
 
+/// The end-to-end rows' host cost per picture, as a Markdown table (empty without such rows).
+pub fn e2e_markdown(rows: &[Row]) -> String {
+    let e2e: Vec<(&Row, &E2eCost)> = rows.iter().filter_map(|r| r.e2e.as_ref().map(|c| (r, c))).collect();
+    if e2e.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "| model | dtype | batch | streamed (img/s) | read (ms/img) | decode (ms/img) | letterbox (ms/img) | detect (ms/img) | waiting for the feed (ms/img) | feed cores busy | decode share of host CPU |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (r, c) in e2e {
+        let cpu = c.read_ms + c.decode_ms + c.letterbox_ms + c.detect_ms;
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.0}% |\n",
+            r.model,
+            r.dtype,
+            r.batch,
+            f(r.images_per_s, 1),
+            c.read_ms,
+            c.decode_ms,
+            c.letterbox_ms,
+            c.detect_ms,
+            c.wait_ms,
+            c.feed_cores,
+            if cpu > 0.0 { 100.0 * c.decode_ms / cpu } else { 0.0 }
+        ));
+    }
+    s
+}
+
 /// CSV with a header line.
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
-        "model,dtype,mode,batch,status,latency_ms,min_ms,max_ms,images_per_s,peak_mib,mib_per_image,iters,error,p99_ms,device_p50_ms,device_p99_ms\n",
+        "model,dtype,mode,batch,status,latency_ms,min_ms,max_ms,images_per_s,peak_mib,mib_per_image,iters,error,p99_ms,device_p50_ms,device_p99_ms,read_ms,decode_ms,letterbox_ms,detect_ms,wait_ms,feed_cores\n",
     );
     for r in rows {
         let status = match r.status {
@@ -130,8 +182,9 @@ pub fn csv(rows: &[Row]) -> String {
             Status::Oom => "oom",
             Status::Error => "error",
         };
+        let e = |g: fn(&E2eCost) -> f64| f(r.e2e.as_ref().map(g), 3);
         s.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             csv_field(&r.model),
             r.dtype,
             r.mode,
@@ -147,7 +200,13 @@ pub fn csv(rows: &[Row]) -> String {
             csv_field(r.error.as_deref().unwrap_or("")),
             f(r.p99_ms, 3),
             f(r.device_p50_ms, 4),
-            f(r.device_p99_ms, 4)
+            f(r.device_p99_ms, 4),
+            e(|c| c.read_ms),
+            e(|c| c.decode_ms),
+            e(|c| c.letterbox_ms),
+            e(|c| c.detect_ms),
+            e(|c| c.wait_ms),
+            e(|c| c.feed_cores)
         ));
     }
     s
@@ -253,6 +312,7 @@ mod tests {
             peak_mib: ok.then_some(100.0 + 20.0 * batch as f64),
             iters: 5,
             error: (!ok).then(|| "CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\"".into()),
+            e2e: None,
         }
     }
 
@@ -265,8 +325,28 @@ mod tests {
         assert!(md.contains("| 2 | 140.0 | 70.0 | 4.00 | 500.0 | 4.80 | 3.000 |  |"), "{md}");
         let c = csv(&rows);
         assert_eq!(c.lines().count(), 4);
-        assert!(c.lines().nth(1).unwrap().ends_with(",5,,2.400,1.5000,"), "{c}");
-        assert!(c.lines().nth(3).unwrap().ends_with(",oom,,,,,,,5,\"CUDA_ERROR_OUT_OF_MEMORY, \"\"out of memory\"\"\",,,"));
+        assert!(c.lines().nth(1).unwrap().ends_with(",5,,2.400,1.5000,,,,,,,"), "{c}");
+        assert!(c.lines().nth(3).unwrap().ends_with(",oom,,,,,,,5,\"CUDA_ERROR_OUT_OF_MEMORY, \"\"out of memory\"\"\",,,,,,,,,"));
+        assert_eq!(e2e_markdown(&rows), "", "no end-to-end rows, no table");
+    }
+
+    #[test]
+    fn end_to_end_rows_get_their_host_cost_table_and_columns() {
+        let mut r = row(8, Status::Ok);
+        r.mode = "e2e".into();
+        r.images_per_s = Some(800.0);
+        r.e2e = Some(E2eCost {
+            read_ms: 0.1,
+            decode_ms: 14.0,
+            letterbox_ms: 2.5,
+            detect_ms: 1.0,
+            wait_ms: 0.3,
+            feed_cores: 13.2,
+            pictures: 160,
+        });
+        let md = e2e_markdown(&[r.clone()]);
+        assert!(md.contains("| yolov9t | f16 | 8 | 800.0 | 0.100 | 14.000 | 2.500 | 1.000 | 0.300 | 13.2 | 80% |"), "{md}");
+        assert!(csv(&[r]).lines().nth(1).unwrap().ends_with(",0.100,14.000,2.500,1.000,0.300,13.200"));
     }
 
     #[test]

@@ -15,11 +15,12 @@ use rayon::prelude::*;
 use super::common;
 use yolo_edge::backend::device;
 use yolo_edge::backend::devmem::{self, PeakMeter};
-use yolo_edge::bench::report::{self, Row, Status};
+use yolo_edge::bench::report::{self, E2eCost, Row, Status};
 use yolo_edge::detector::warmup as startup;
 use yolo_edge::detector::Detector;
+use yolo_edge::vision::feed::{self, Feed, FeedOptions, Picture, StageTimes};
 use yolo_edge::vision::postprocess::Thresholds;
-use yolo_edge::vision::preprocess::{self, DecodeLimits};
+use yolo_edge::vision::preprocess;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -69,6 +70,14 @@ pub struct BenchArgs {
     /// upsample synchronised and timed: where the time goes (stderr and OUT/profile.csv).
     #[arg(long)]
     profile: bool,
+    /// How end-to-end pictures fit the network input: rect (the reference's `predict` default)
+    /// or square.
+    #[arg(long, default_value = "rect")]
+    fit: preprocess::Fit,
+    /// Who decodes the end-to-end JPEG files: cpu, nvjpeg (on the GPU, letterbox on the device)
+    /// or auto.
+    #[arg(long, value_enum, default_value = "cpu")]
+    jpeg_decoder: common::JpegDecoderArg,
     /// Chart title (default: device and date-free description).
     #[arg(long)]
     title: Option<String>,
@@ -113,7 +122,7 @@ fn collect_images(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 /// What one timed batch run needs.
 enum Work<'a> {
     Model(Tensor),
-    E2e { files: Vec<&'a PathBuf>, th: Thresholds },
+    E2e { files: Vec<&'a PathBuf>, th: Thresholds, feed: FeedOptions },
 }
 
 fn parse_input(s: &str) -> Result<(usize, usize), String> {
@@ -132,17 +141,19 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
             det.device().synchronize()?;
             Ok(y.dim(0)?)
         }
-        Work::E2e { files, th } => {
-            let limits = DecodeLimits::default();
-            let s = det.imgsz() as u32;
-            let lbs: Vec<_> = files
+        Work::E2e { files, th, feed } => {
+            // one batch alone, from the files to the detections: the latency a picture sees
+            let pictures: Vec<Picture> = files
                 .par_iter()
-                .map(|p| preprocess::load_image(p, &limits).map(|img| preprocess::letterbox(&img, s)))
+                .map(|p| feed::prepare(p, feed).0)
                 .collect::<Result<_, _>>()
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-            let refs: Vec<_> = lbs.iter().collect();
-            let dets = det.detect(&refs, th)?;
-            Ok(dets.iter().map(|d| d.len()).sum())
+            let refs: Vec<&Picture> = pictures.iter().collect();
+            let mut n = 0;
+            for d in det.detect_pictures(&refs, th, &feed.limits)? {
+                n += d.map_err(|e| candle_core::Error::Msg(e.to_string()))?.len();
+            }
+            Ok(n)
         }
     }
 }
@@ -176,8 +187,74 @@ fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Pat
     Ok(())
 }
 
+/// Files streamed through the decode feed into the detector, batch after batch, as `detect`
+/// and the agent run them: at least `iters` batches and 4 windows of the feed (so that filling
+/// it is a small part of the time). Returns pictures per second and the host's cost per picture.
+fn stream_e2e(
+    det: &Detector,
+    images: &[PathBuf],
+    batch: usize,
+    iters: usize,
+    fit: preprocess::Fit,
+    jpeg_on_device: bool,
+) -> candle_core::Result<(f64, E2eCost)> {
+    let window = batch * rayon::current_num_threads().div_ceil(batch);
+    let n = (batch * iters).max(4 * window).div_ceil(batch) * batch;
+    let paths: Vec<PathBuf> = images.iter().cycle().take(n).cloned().collect();
+    let th = Thresholds::default();
+    let o = FeedOptions { batch, imgsz: det.imgsz() as u32, fit, jpeg_on_device, ..FeedOptions::default() };
+    let mut stages = StageTimes::default();
+    let (mut detect_s, mut wait_s, mut pictures) = (0.0, 0.0, 0usize);
+    let t0 = Instant::now();
+    let mut feed = Feed::spawn(paths, o).map_err(candle_core::Error::wrap)?;
+    loop {
+        let tw = Instant::now();
+        let Some(items) = feed.next() else { break };
+        wait_s += tw.elapsed().as_secs_f64();
+        let mut ok = Vec::with_capacity(items.len());
+        for it in &items {
+            stages += it.times;
+            match &it.picture {
+                Ok(p) => ok.push(p),
+                Err(e) => candle_core::bail!("{}: {e}", it.path.display()),
+            }
+        }
+        let td = Instant::now();
+        for (r, it) in det.detect_pictures(&ok, &th, &o.limits)?.into_iter().zip(&items) {
+            r.map_err(|e| candle_core::Error::Msg(format!("{}: {e}", it.path.display())))?;
+        }
+        detect_s += td.elapsed().as_secs_f64();
+        pictures += items.len();
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let per = |d: f64| d * 1e3 / pictures.max(1) as f64;
+    let feed_s = stages.total().as_secs_f64();
+    Ok((
+        pictures as f64 / wall,
+        E2eCost {
+            read_ms: per(stages.read.as_secs_f64()),
+            decode_ms: per(stages.decode.as_secs_f64()),
+            letterbox_ms: per(stages.letterbox.as_secs_f64()),
+            detect_ms: per(detect_s),
+            wait_ms: per(wait_s),
+            feed_cores: feed_s / wall,
+            pictures,
+        },
+    ))
+}
+
 /// Times one (model, dtype, mode, batch); errors become rows.
-fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch: usize, images: &[PathBuf], a: &BenchArgs) -> Row {
+#[allow(clippy::too_many_arguments)]
+fn bench_batch(
+    det: &Detector,
+    meter: &PeakMeter,
+    name: &str,
+    mode: &str,
+    batch: usize,
+    images: &[PathBuf],
+    a: &BenchArgs,
+    jpeg_on_device: bool,
+) -> Row {
     let mut row = Row {
         model: name.into(),
         dtype: device::dtype_name(det.dtype()).into(),
@@ -194,11 +271,13 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
         peak_mib: None,
         iters: 0,
         error: None,
+        e2e: None,
     };
     let iters = a.iters.min(1000 / batch).max(3);
     // each batch size is measured alone: the graphs of smaller batches would hold their memory
     det.drop_graphs();
     let _ = meter.trim();
+    let mut stream = None;
     let r = (|| -> candle_core::Result<(Vec<f64>, Vec<f64>, u64)> {
         let (w, h) = a.input.unwrap_or((det.imgsz(), det.imgsz()));
         // the batch input counts (as in PyTorch's max_memory_allocated), its f32 staging does not
@@ -207,7 +286,8 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
             let n = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
             (Work::Model(x), n)
         } else {
-            (Work::E2e { files: images.iter().cycle().take(batch).collect(), th: Thresholds::default() }, 0)
+            let feed = FeedOptions { batch, imgsz: det.imgsz() as u32, fit: a.fit, jpeg_on_device, ..FeedOptions::default() };
+            (Work::E2e { files: images.iter().cycle().take(batch).collect(), th: Thresholds::default(), feed }, 0)
         };
         let base = meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
         // the first pass at a new shape plans it (cuDNN's algorithm search, whose scratch is
@@ -231,6 +311,9 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
             t.push(t0.elapsed().as_secs_f64() * 1e3);
             on_device.extend(dt);
         }
+        if mode == "e2e" {
+            stream = Some(stream_e2e(det, images, batch, iters, a.fit, jpeg_on_device)?);
+        }
         if a.profile {
             // per-operation timing synchronises after every op, which a graph capture cannot
             // contain: the profile is of the eager pass
@@ -251,6 +334,10 @@ fn bench_batch(det: &Detector, meter: &PeakMeter, name: &str, mode: &str, batch:
             row.device_p50_ms = report::median(&mut on_device);
             row.device_p99_ms = report::percentile(&mut on_device, 99.0);
             row.images_per_s = Some(batch as f64 * 1e3 / med);
+            if let Some((ips, cost)) = stream {
+                row.images_per_s = Some(ips);
+                row.e2e = Some(cost);
+            }
             row.peak_mib = Some(peak as f64 / (1024.0 * 1024.0));
             row.iters = t.len();
         }
@@ -313,9 +400,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             // passes on CUDA replay a graph captured for each batch, as in the agent
             // (`--cuda-graphs off`: eager)
             det.use_graphs(true);
+            let jpeg_on_device = modes.contains(&"e2e") && common::setup_jpeg_decoder(&det, a.jpeg_decoder)?;
             for mode in &modes {
                 for &b in &batches {
-                    let row = bench_batch(&det, &meter, &name, mode, b, &images, &a);
+                    let row = bench_batch(&det, &meter, &name, mode, b, &images, &a, jpeg_on_device);
                     eprintln!(
                         "  {name} {} {mode} batch {b}: {:?} {} ms {} img/s {} MiB {}",
                         row.dtype,
@@ -338,7 +426,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             let _ = meter.trim();
         }
     }
-    let md = report::markdown(&rows);
+    let md = report::markdown(&rows) + &report::e2e_markdown(&rows);
     report::write(&a.out.join("bench.md"), &md)?;
     report::write(&a.out.join("bench.csv"), &report::csv(&rows))?;
     let json = serde_json::json!({"device": device::device_name(&dev), "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});

@@ -94,3 +94,38 @@ impl TuningArgs {
         Ok(t)
     }
 }
+
+/// Which decoder takes JPEG files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum JpegDecoderArg {
+    /// The host's decoder (the reference's pixels, bit for bit).
+    Cpu,
+    /// nvJPEG on the GPU, with the letterbox on the device (an error where it cannot load).
+    Nvjpeg,
+    /// nvJPEG where the detector is on a GPU and the library loads, else the host's.
+    Auto,
+}
+
+/// Sets `det` up for `choice`; whether JPEGs are then decoded on the device.
+pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoderArg) -> anyhow::Result<bool> {
+    if choice == JpegDecoderArg::Cpu {
+        return Ok(false);
+    }
+    #[cfg(feature = "cuda")]
+    if det.device().is_cuda() {
+        match det.use_gpu_jpeg() {
+            Ok(backend) => {
+                eprintln!("JPEG files decoded by nvJPEG ({backend} backend) and letterboxed on the device");
+                return Ok(true);
+            }
+            Err(e) if choice == JpegDecoderArg::Nvjpeg => return Err(e).context("--jpeg-decoder nvjpeg"),
+            Err(e) => {
+                eprintln!("warning: {e}");
+                return Ok(false);
+            }
+        }
+    }
+    anyhow::ensure!(choice == JpegDecoderArg::Auto, "--jpeg-decoder nvjpeg needs a CUDA build and a CUDA device");
+    let _ = det;
+    Ok(false)
+}

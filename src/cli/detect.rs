@@ -9,13 +9,13 @@ use std::process::ExitCode;
 use anyhow::Context;
 use candle_core::Tensor;
 use clap::Args;
-use rayon::prelude::*;
 
 use yolo_edge::backend::device;
 use yolo_edge::detector::Detector;
 use yolo_edge::eval::dataset::is_video;
 use yolo_edge::vision::annotate;
-use yolo_edge::vision::postprocess::Thresholds;
+use yolo_edge::vision::feed::{Feed, FeedOptions, Picture};
+use yolo_edge::vision::postprocess::{Detection, Thresholds};
 use yolo_edge::vision::preprocess::{self, DecodeLimits, Letterboxed};
 
 #[derive(Args)]
@@ -45,6 +45,11 @@ pub struct DetectArgs {
     /// side to imgsz, the short side padded to a multiple of 32) or square (imgsz x imgsz).
     #[arg(long, default_value = "rect")]
     fit: preprocess::Fit,
+    /// Who decodes JPEG files: cpu (the reference's pixels, bit for bit), nvjpeg (on the GPU,
+    /// letterboxed on the device; not with --raw-out or --annotate, which need host pixels) or
+    /// auto.
+    #[arg(long, value_enum, default_value = "cpu")]
+    jpeg_decoder: super::common::JpegDecoderArg,
     /// Write JSON Lines here (`-` for stdout), one object per input, in input order.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -91,24 +96,32 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
         imgsz: a.imgsz as u32,
         fit: a.fit,
         raw_out: a.raw_out.is_some(),
+        limits,
         annotate: a.annotate.as_deref(),
         json: json.as_mut(),
     };
-    let mut pictures: Vec<&PathBuf> = Vec::new();
+    // the raw output is of pictures letterboxed on the host
+    let jpeg_on_device = a.raw_out.is_none() && super::common::setup_jpeg_decoder(&det, a.jpeg_decoder)?;
+    let feed = FeedOptions {
+        batch: a.batch,
+        imgsz: a.imgsz as u32,
+        fit: a.fit,
+        limits,
+        keep_decoded: a.annotate.is_some(),
+        jpeg_on_device,
+        ahead: 2,
+    };
+    let mut pictures: Vec<PathBuf> = Vec::new();
     for path in &a.images {
         if !is_video(path) {
-            pictures.push(path);
+            pictures.push(path.clone());
             continue;
         }
         // pictures before the video keep their place in the output
-        for chunk in std::mem::take(&mut pictures).chunks(a.batch) {
-            ctx.pictures(chunk, &limits, &mut out)?;
-        }
+        ctx.pictures(std::mem::take(&mut pictures), feed, &mut out)?;
         ctx.video(path, a.batch, &mut out)?;
     }
-    for chunk in pictures.chunks(a.batch) {
-        ctx.pictures(chunk, &limits, &mut out)?;
-    }
+    ctx.pictures(pictures, feed, &mut out)?;
     let Output { raws, failed, total, dets: total_dets } = out;
     if let Some(w) = json.as_mut() {
         w.flush()?;
@@ -141,35 +154,47 @@ struct Item {
     name: serde_json::Map<String, serde_json::Value>,
     /// The annotated picture's file name (without extension).
     stem: String,
-    image: Result<image::RgbImage, String>,
+    picture: Result<Picture, String>,
 }
 
 struct Ctx<'a> {
     det: &'a Detector,
     th: &'a Thresholds,
+    /// How video frames are letterboxed (pictures come letterboxed from the feed).
+    #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
     imgsz: u32,
+    #[cfg_attr(not(feature = "gstreamer"), allow(dead_code))]
     fit: preprocess::Fit,
     raw_out: bool,
+    limits: DecodeLimits,
     annotate: Option<&'a std::path::Path>,
     json: Option<&'a mut Box<dyn Write>>,
 }
 
 impl Ctx<'_> {
-    fn pictures(&mut self, chunk: &[&PathBuf], limits: &DecodeLimits, out: &mut Output) -> anyhow::Result<()> {
-        let items = chunk
-            .par_iter()
-            .map(|p| {
-                let mut name = serde_json::Map::new();
-                name.insert("image".into(), serde_json::json!(p));
-                let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "image".into());
-                Item { name, stem, image: preprocess::load_image(p, limits).map_err(|e| e.to_string()) }
-            })
-            .collect();
-        self.run(items, out)
+    /// Image files, decoded on every core a few batches ahead of the model ([`Feed`]).
+    fn pictures(&mut self, paths: Vec<PathBuf>, o: FeedOptions, out: &mut Output) -> anyhow::Result<()> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        for batch in Feed::spawn(paths, o).context("starting the picture feed")? {
+            let items = batch
+                .into_iter()
+                .map(|p| {
+                    let mut name = serde_json::Map::new();
+                    name.insert("image".into(), serde_json::json!(p.path));
+                    let stem = p.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "image".into());
+                    Item { name, stem, picture: p.picture.map_err(|e| e.to_string()) }
+                })
+                .collect();
+            self.run(items, out)?;
+        }
+        Ok(())
     }
 
     #[cfg(feature = "gstreamer")]
     fn video(&mut self, path: &std::path::Path, batch: usize, out: &mut Output) -> anyhow::Result<()> {
+        use rayon::prelude::*;
         use yolo_edge::media::{DecoderPref, VideoReader};
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "video".into());
         let mut reader = match VideoReader::open(path, DecoderPref::Cpu) {
@@ -193,7 +218,7 @@ impl Ctx<'_> {
                         name.insert("pts_ms".into(), serde_json::json!(f.pts_ns.map(|n| n as f64 / 1e6)));
                         let image =
                             image::RgbImage::from_raw(f.width, f.height, f.data).ok_or_else(|| "frame of the wrong size".to_string());
-                        items.push(Item { name, stem: format!("{stem}-{index:06}"), image });
+                        items.push((name, format!("{stem}-{index:06}"), image));
                         index += 1;
                         if items.len() == batch {
                             break;
@@ -206,6 +231,15 @@ impl Ctx<'_> {
                 }
             }
             let last = items.len() < batch;
+            let (imgsz, fit, keep) = (self.imgsz, self.fit, self.annotate.is_some());
+            let items = items
+                .into_par_iter()
+                .map(|(name, stem, image)| {
+                    let picture =
+                        image.map(|img| Picture { letterboxed: preprocess::letterbox_fit(&img, imgsz, fit), decoded: keep.then_some(img) });
+                    Item { name, stem, picture }
+                })
+                .collect();
             self.run(items, out)?;
             if let Some(e) = error {
                 out.failed += 1;
@@ -233,13 +267,49 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Letterboxes, runs (one forward pass per input shape) and writes one record per item, in
-    /// order.
+    /// Runs (one forward pass per input shape) and writes one record per item, in order.
     fn run(&mut self, items: Vec<Item>, out: &mut Output) -> anyhow::Result<()> {
-        let (imgsz, fit) = (self.imgsz, self.fit);
-        let prepared: Vec<Option<Letterboxed>> =
-            items.par_iter().map(|it| it.image.as_ref().ok().map(|img| preprocess::letterbox_fit(img, imgsz, fit))).collect();
-        let ok: Vec<&Letterboxed> = prepared.iter().flatten().collect();
+        let ok: Vec<&Picture> = items.iter().filter_map(|it| it.picture.as_ref().ok()).collect();
+        let results: Vec<Result<Vec<Detection>, String>> = if self.raw_out {
+            self.run_raw(&ok, out)?.into_iter().map(Ok).collect()
+        } else {
+            let r = self.det.detect_pictures(&ok, self.th, &self.limits).context("forward pass")?;
+            r.into_iter().map(|d| d.map_err(|e| e.to_string())).collect()
+        };
+        let mut results = results.into_iter();
+        for it in items {
+            out.total += 1;
+            let mut record = it.name;
+            let outcome = it.picture.and_then(|p| results.next().unwrap_or_else(|| Ok(Vec::new())).map(|d| (p, d)));
+            match outcome {
+                Err(e) => {
+                    out.failed += 1;
+                    let name = record.values().next().map(|v| v.to_string()).unwrap_or_default();
+                    eprintln!("error: {name}: {e}");
+                    record.insert("error".into(), serde_json::json!(e));
+                }
+                Ok((p, dets)) => {
+                    out.dets += dets.len();
+                    let g = *p.geometry();
+                    if let (Some(dir), Some(mut img)) = (self.annotate, p.decoded) {
+                        annotate::draw(&mut img, &dets);
+                        let path = dir.join(format!("{}.jpg", it.stem));
+                        img.save(&path).with_context(|| format!("writing {}", path.display()))?;
+                    }
+                    record.insert("width".into(), serde_json::json!(g.orig_w));
+                    record.insert("height".into(), serde_json::json!(g.orig_h));
+                    record.insert("detections".into(), serde_json::json!(dets));
+                }
+            }
+            self.record(serde_json::Value::Object(record))?;
+        }
+        Ok(())
+    }
+
+    /// The raw outputs (kept for `--raw-out`) and detections of pictures letterboxed on the host,
+    /// one pass per input shape.
+    fn run_raw(&mut self, ok: &[&Picture], out: &mut Output) -> anyhow::Result<Vec<Vec<Detection>>> {
+        let ok: Vec<&Letterboxed> = ok.iter().filter_map(|p| p.letterboxed()).collect();
         let mut shapes: Vec<(u32, u32)> = Vec::new();
         for lb in &ok {
             let s = (lb.geometry.in_w, lb.geometry.in_h);
@@ -247,45 +317,17 @@ impl Ctx<'_> {
                 shapes.push(s);
             }
         }
-        let mut by_picture: Vec<Option<Vec<yolo_edge::vision::postprocess::Detection>>> = vec![None; ok.len()];
+        let mut by_picture: Vec<Vec<Detection>> = vec![Vec::new(); ok.len()];
         for shape in shapes {
             let idx: Vec<usize> = (0..ok.len()).filter(|&i| (ok[i].geometry.in_w, ok[i].geometry.in_h) == shape).collect();
             let group: Vec<&Letterboxed> = idx.iter().map(|&i| ok[i]).collect();
             let raw = self.det.raw(&group).context("forward pass")?;
             let cands = self.det.candidates(&raw, self.th.conf)?;
-            if self.raw_out {
-                out.raws.push(raw.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?);
-            }
+            out.raws.push(raw.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?);
             for (c, &i) in cands.into_iter().zip(&idx) {
-                by_picture[i] = Some(yolo_edge::vision::postprocess::finish(c, self.th, &ok[i].geometry, &self.det.info().names));
+                by_picture[i] = yolo_edge::vision::postprocess::finish(c, self.th, &ok[i].geometry, &self.det.info().names);
             }
         }
-        let mut results = by_picture.into_iter().map(Option::unwrap_or_default);
-        for it in items {
-            out.total += 1;
-            let mut record = it.name;
-            match it.image {
-                Err(e) => {
-                    out.failed += 1;
-                    let name = record.values().next().map(|v| v.to_string()).unwrap_or_default();
-                    eprintln!("error: {name}: {e}");
-                    record.insert("error".into(), serde_json::json!(e));
-                }
-                Ok(mut img) => {
-                    let dets = results.next().unwrap_or_default();
-                    out.dets += dets.len();
-                    if let Some(dir) = self.annotate {
-                        annotate::draw(&mut img, &dets);
-                        let path = dir.join(format!("{}.jpg", it.stem));
-                        img.save(&path).with_context(|| format!("writing {}", path.display()))?;
-                    }
-                    record.insert("width".into(), serde_json::json!(img.width()));
-                    record.insert("height".into(), serde_json::json!(img.height()));
-                    record.insert("detections".into(), serde_json::json!(dets));
-                }
-            }
-            self.record(serde_json::Value::Object(record))?;
-        }
-        Ok(())
+        Ok(by_picture)
     }
 }

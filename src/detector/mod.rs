@@ -10,8 +10,9 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::backend::Uploader;
 use crate::model::{BuildOptions, ModelError, ModelInfo, YoloV9};
+use crate::vision::feed::{Picture, Pixels};
 use crate::vision::postprocess::{self, Candidate, Detection, Thresholds};
-use crate::vision::preprocess::Letterboxed;
+use crate::vision::preprocess::{self, DecodeLimits, ImageError, LetterboxGeometry, Letterboxed};
 use crate::weights::Checkpoint;
 
 /// After a capture or launch runs out of memory, passes run eagerly for this long before a
@@ -74,6 +75,9 @@ pub struct Detector {
     ladder: std::sync::atomic::AtomicUsize,
     #[cfg(feature = "cuda")]
     graph: std::sync::Mutex<Graphs>,
+    /// nvJPEG for the JPEGs a feed leaves encoded ([`Detector::use_gpu_jpeg`]).
+    #[cfg(feature = "cuda")]
+    jpeg: std::sync::OnceLock<crate::backend::GpuJpeg>,
 }
 
 impl Detector {
@@ -97,6 +101,8 @@ impl Detector {
             ladder: 0.into(),
             #[cfg(feature = "cuda")]
             graph: std::sync::Mutex::new(Graphs::default()),
+            #[cfg(feature = "cuda")]
+            jpeg: std::sync::OnceLock::new(),
         }
     }
 
@@ -336,11 +342,33 @@ impl Detector {
             .collect())
     }
 
-    /// Detections for a batch of letterboxed pictures, in each picture's original pixels.
+    /// Detections for a batch of letterboxed pictures, in each picture's original pixels, in
+    /// batch order. Pictures of different input shapes (rect letterboxes of different aspect
+    /// ratios) run in one pass per shape.
     pub fn detect(&self, batch: &[&Letterboxed], th: &Thresholds) -> candle_core::Result<Vec<Vec<Detection>>> {
-        if batch.is_empty() {
-            return Ok(vec![]);
+        let shape = |lb: &Letterboxed| (lb.geometry.in_w, lb.geometry.in_h);
+        let Some(first) = batch.first() else { return Ok(vec![]) };
+        if batch.iter().any(|lb| shape(lb) != shape(first)) {
+            let mut out: Vec<Vec<Detection>> = vec![Vec::new(); batch.len()];
+            let mut shapes: Vec<(u32, u32)> = Vec::new();
+            for lb in batch {
+                if !shapes.contains(&shape(lb)) {
+                    shapes.push(shape(lb));
+                }
+            }
+            for s in shapes {
+                let idx: Vec<usize> = (0..batch.len()).filter(|&i| shape(batch[i]) == s).collect();
+                let group: Vec<&Letterboxed> = idx.iter().map(|&i| batch[i]).collect();
+                for (d, i) in self.detect_one_shape(&group, th)?.into_iter().zip(idx) {
+                    out[i] = d;
+                }
+            }
+            return Ok(out);
         }
+        self.detect_one_shape(batch, th)
+    }
+
+    fn detect_one_shape(&self, batch: &[&Letterboxed], th: &Thresholds) -> candle_core::Result<Vec<Vec<Detection>>> {
         let cands = {
             #[cfg(feature = "cuda")]
             let graphed = self.graphed_pictures(batch, |raw| self.candidates(raw, th.conf));
@@ -351,15 +379,178 @@ impl Detector {
                 None => self.candidates(&self.forward(&self.input(batch)?)?, th.conf)?,
             }
         };
-        let names = &self.info().names;
-        let finish = |(c, lb): (Vec<Candidate>, &&Letterboxed)| postprocess::finish(c, th, &lb.geometry, names);
-        if batch.len() == 1 {
-            return Ok(cands.into_iter().zip(batch).map(finish).collect());
+        let geometries: Vec<&LetterboxGeometry> = batch.iter().map(|lb| &lb.geometry).collect();
+        Ok(self.finish(cands, &geometries, th))
+    }
+
+    /// Detections for pictures already letterboxed on the device: `x` is `(B, H, W, 3)` u8 (as
+    /// the GPU JPEG decoder leaves them), `geometries` one per picture.
+    #[cfg(feature = "cuda")]
+    pub fn detect_uploaded(
+        &self,
+        x: &Tensor,
+        geometries: &[&LetterboxGeometry],
+        th: &Thresholds,
+    ) -> candle_core::Result<Vec<Vec<Detection>>> {
+        let (b, h, w, c) = x.dims4()?;
+        if b != geometries.len() || c != 3 || geometries.iter().any(|g| (g.in_w as usize, g.in_h as usize) != (w, h)) {
+            candle_core::bail!("{b} pictures of {w}x{h} with {} geometries that do not all match", geometries.len());
         }
-        // NMS per picture on rayon's pool: a crowded scene (or an untrained model: every anchor
-        // a candidate) costs milliseconds per picture, which would add up serially
+        let dtype = self.dtype();
+        let pass = |t: &Tensor| crate::backend::normalize_input(t, dtype).and_then(|n| self.model.forward(&n));
+        let cands = match self.graphed(x, &pass, |raw| self.candidates(raw, th.conf)) {
+            Some(c) => c?,
+            None => {
+                let _arena = crate::backend::serve_arena(self.device());
+                self.candidates(&pass(x)?, th.conf)?
+            }
+        };
+        Ok(self.finish(cands, geometries, th))
+    }
+
+    /// Decodes the JPEGs a feed leaves encoded ([`Pixels::Jpeg`]) with nvJPEG on this detector's
+    /// GPU from now on; the nvJPEG backend that runs (`hardware` or `default`), or why there is
+    /// none (the host then decodes them).
+    #[cfg(feature = "cuda")]
+    pub fn use_gpu_jpeg(&self) -> Result<&'static str, crate::backend::JpegError> {
+        if let Some(j) = self.jpeg.get() {
+            return Ok(j.backend());
+        }
+        let Device::Cuda(d) = self.device() else {
+            return Err(crate::backend::JpegError::Cuda("the detector is not on a CUDA device".into()));
+        };
+        let j = crate::backend::GpuJpeg::new(d)?;
+        Ok(self.jpeg.get_or_init(|| j).backend())
+    }
+
+    /// Detections for the pictures of a feed, in batch order, each with its own outcome:
+    /// pictures letterboxed on the host as [`Detector::detect`]; JPEGs left encoded decoded and
+    /// letterboxed on the device by nvJPEG ([`Detector::use_gpu_jpeg`]; a picture it does not
+    /// take is decoded on the host and written into its slot), or, without it, on the host here.
+    /// A picture that cannot be decoded gets its error and the others go on; an error of the
+    /// pass itself is the batch's.
+    pub fn detect_pictures(
+        &self,
+        batch: &[&Picture],
+        th: &Thresholds,
+        limits: &DecodeLimits,
+    ) -> candle_core::Result<Vec<Result<Vec<Detection>, ImageError>>> {
         use rayon::prelude::*;
-        Ok(cands.into_par_iter().zip(batch.par_iter()).map(finish).collect())
+        let mut out: Vec<Option<Result<Vec<Detection>, ImageError>>> = (0..batch.len()).map(|_| None).collect();
+        let host: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].letterboxed().is_some()).collect();
+        let jpegs: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].letterboxed().is_none()).collect();
+        let mut decoded: Vec<Letterboxed> = Vec::new();
+        let mut decoded_at: Vec<usize> = Vec::new();
+        if !jpegs.is_empty() {
+            #[cfg(feature = "cuda")]
+            let on_device = self.jpeg.get().map(|gpu| self.detect_jpegs(gpu, batch, &jpegs, th, limits, &mut out)).transpose()?.is_some();
+            #[cfg(not(feature = "cuda"))]
+            let on_device = false;
+            if !on_device {
+                let r: Vec<Result<Letterboxed, ImageError>> = jpegs
+                    .par_iter()
+                    .map(|&i| match &batch[i].pixels {
+                        Pixels::Jpeg { bytes, fit, .. } => {
+                            preprocess::decode_image(bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, *fit))
+                        }
+                        Pixels::Letterboxed(lb) => Ok(lb.clone()),
+                    })
+                    .collect();
+                for (lb, &i) in r.into_iter().zip(&jpegs) {
+                    match lb {
+                        Ok(lb) => {
+                            decoded.push(lb);
+                            decoded_at.push(i);
+                        }
+                        Err(e) => out[i] = Some(Err(e)),
+                    }
+                }
+            }
+        }
+        let mut lbs: Vec<&Letterboxed> = host.iter().filter_map(|&i| batch[i].letterboxed()).collect();
+        lbs.extend(decoded.iter());
+        let at: Vec<usize> = host.iter().chain(&decoded_at).copied().collect();
+        for (d, i) in self.detect(&lbs, th)?.into_iter().zip(at) {
+            out[i] = Some(Ok(d));
+        }
+        Ok(out.into_iter().map(|o| o.unwrap_or_else(|| Ok(Vec::new()))).collect())
+    }
+
+    /// The JPEGs of a batch (`jpegs`: their indices) through nvJPEG and the device letterbox,
+    /// one pass per input shape; results into `out`.
+    #[cfg(feature = "cuda")]
+    fn detect_jpegs(
+        &self,
+        gpu: &crate::backend::GpuJpeg,
+        batch: &[&Picture],
+        jpegs: &[usize],
+        th: &Thresholds,
+        limits: &DecodeLimits,
+        out: &mut [Option<Result<Vec<Detection>, ImageError>>],
+    ) -> candle_core::Result<()> {
+        let key = |i: usize| match &batch[i].pixels {
+            Pixels::Jpeg { geometry, fit, .. } => (geometry.in_w, geometry.in_h, *fit),
+            Pixels::Letterboxed(lb) => (lb.geometry.in_w, lb.geometry.in_h, preprocess::Fit::Square),
+        };
+        let mut groups: Vec<((u32, u32, preprocess::Fit), Vec<usize>)> = Vec::new();
+        for &i in jpegs {
+            match groups.iter_mut().find(|g| g.0 == key(i)) {
+                Some(g) => g.1.push(i),
+                None => groups.push((key(i), vec![i])),
+            }
+        }
+        let _arena = crate::backend::serve_arena(self.device());
+        for ((_, _, fit), idx) in groups {
+            let bytes: Vec<&[u8]> = idx
+                .iter()
+                .map(|&i| match &batch[i].pixels {
+                    Pixels::Jpeg { bytes, .. } => bytes.as_slice(),
+                    Pixels::Letterboxed(_) => &[],
+                })
+                .collect();
+            let (x, decoded) = gpu.decode_letterbox(&bytes, self.imgsz as u32, fit, limits)?;
+            let mut geometries = Vec::with_capacity(idx.len());
+            for (k, r) in decoded.into_iter().enumerate() {
+                let planned = *batch[idx[k]].geometry();
+                match r {
+                    Ok(g) => geometries.push(g),
+                    Err(why) => {
+                        tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
+                        match preprocess::decode_image(bytes[k], limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, fit))
+                        {
+                            Ok(lb) => {
+                                gpu.write_slot(&x, k, &lb)?;
+                                geometries.push(lb.geometry);
+                            }
+                            Err(e) => {
+                                out[idx[k]] = Some(Err(e));
+                                geometries.push(planned);
+                            }
+                        }
+                    }
+                }
+            }
+            let refs: Vec<&LetterboxGeometry> = geometries.iter().collect();
+            for (d, &i) in self.detect_uploaded(&x, &refs, th)?.into_iter().zip(&idx) {
+                if out[i].is_none() {
+                    out[i] = Some(Ok(d));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// NMS and mapping back to each picture: per picture on rayon's pool (a crowded scene, or an
+    /// untrained model where every anchor is a candidate, costs milliseconds per picture, which
+    /// would add up serially).
+    fn finish(&self, cands: Vec<Vec<Candidate>>, geometries: &[&LetterboxGeometry], th: &Thresholds) -> Vec<Vec<Detection>> {
+        let names = &self.info().names;
+        let finish = |(c, g): (Vec<Candidate>, &&LetterboxGeometry)| postprocess::finish(c, th, g, names);
+        if cands.len() == 1 {
+            return cands.into_iter().zip(geometries).map(finish).collect();
+        }
+        use rayon::prelude::*;
+        cands.into_par_iter().zip(geometries.par_iter()).map(finish).collect()
     }
 }
 

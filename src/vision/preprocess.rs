@@ -148,14 +148,19 @@ fn jpeg_is_complete(b: &[u8]) -> bool {
     matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
-/// Reads and decodes an image file: a regular file (a FIFO or a device in a hot folder is an
-/// error, not a read that never ends) of at most `limits.max_bytes`.
+/// Reads and decodes an image file (see [`read_image_file`]).
 pub fn load_image(path: &Path, limits: &DecodeLimits) -> Result<RgbImage, ImageError> {
+    decode_image(&read_image_file(path, limits)?, limits)
+}
+
+/// Reads an image file's bytes: a regular file (a FIFO or a device in a hot folder is an error,
+/// not a read that never ends) of at most `limits.max_bytes`.
+pub fn read_image_file(path: &Path, limits: &DecodeLimits) -> Result<Vec<u8>, ImageError> {
     let meta = std::fs::metadata(path)?;
     if meta.is_file() && meta.len() > limits.max_bytes {
         return Err(ImageError::TooLarge { size: meta.len(), limit: limits.max_bytes });
     }
-    decode_image(&crate::files::read_bounded(path, limits.max_bytes)?, limits)
+    Ok(crate::files::read_bounded(path, limits.max_bytes)?)
 }
 
 /// How pictures are fitted to the network input.
@@ -254,23 +259,21 @@ pub fn letterbox(img: &RgbImage, size: u32) -> Letterboxed {
 }
 
 /// Resizes with OpenCV's INTER_LINEAR fixed-point arithmetic and pads with 114, centred, to the
-/// input [`LetterboxGeometry::fit`] gives.
+/// input [`LetterboxGeometry::fit`] gives. The resized rows are written straight into the
+/// padded picture.
 pub fn letterbox_fit(img: &RgbImage, size: u32, fit: Fit) -> Letterboxed {
     let geometry = LetterboxGeometry::fit(img.width(), img.height(), size, fit);
     let (iw, ih) = (geometry.in_w as usize, geometry.in_h as usize);
     let mut pixels = vec![PAD_VALUE; iw * ih * 3];
-    let resized;
-    let src: &[u8] = if (geometry.new_w, geometry.new_h) == (img.width(), img.height()) {
-        img.as_raw()
+    let (nw, nh) = (geometry.new_w as usize, geometry.new_h as usize);
+    let at = (geometry.top as usize * iw + geometry.left as usize) * 3;
+    let dst = &mut pixels[at..];
+    if (geometry.new_w, geometry.new_h) == (img.width(), img.height()) {
+        for (y, src) in img.as_raw().chunks_exact(nw * 3).enumerate() {
+            dst[y * iw * 3..][..nw * 3].copy_from_slice(src);
+        }
     } else {
-        resized =
-            resize_linear_cv(img.as_raw(), img.width() as usize, img.height() as usize, geometry.new_w as usize, geometry.new_h as usize);
-        &resized
-    };
-    let row = geometry.new_w as usize * 3;
-    for y in 0..geometry.new_h as usize {
-        let dst = ((y + geometry.top as usize) * iw + geometry.left as usize) * 3;
-        pixels[dst..dst + row].copy_from_slice(&src[y * row..(y + 1) * row]);
+        resize_linear_cv_into(img.as_raw(), img.width() as usize, img.height() as usize, dst, iw * 3, nw, nh);
     }
     Letterboxed { pixels, geometry }
 }
@@ -312,35 +315,54 @@ pub(crate) fn linear_taps(dst_len: usize, src_len: usize, clamp_weight: bool) ->
 /// SIMD path OpenCV takes on x86 (horizontal pass in 11-bit fixed point, vertical pass with
 /// `((S>>4)*b)>>16` products and `(+2)>>2` rounding).
 pub fn resize_linear_cv(src: &[u8], sw: usize, sh: usize, dw: usize, dh: usize) -> Vec<u8> {
+    let mut dst = vec![0u8; dw * dh * 3];
+    resize_linear_cv_into(src, sw, sh, &mut dst, dw * 3, dw, dh);
+    dst
+}
+
+/// [`resize_linear_cv`] into `dst`, whose rows start `stride` bytes apart (row `y` at
+/// `dst[y * stride..][..dw * 3]`); the bytes between rows are left as they are.
+pub fn resize_linear_cv_into(src: &[u8], sw: usize, sh: usize, dst: &mut [u8], stride: usize, dw: usize, dh: usize) {
     let xt = linear_taps(dw, sw, true);
     let yt = linear_taps(dh, sh, false);
-    let hpass = |row: usize| -> Vec<i32> {
+    let hpass = |row: usize, out: &mut [i32]| {
         let r = &src[row * sw * 3..(row + 1) * sw * 3];
-        let mut out = vec![0i32; dw * 3];
-        for (x, &(s0, s1, w0, w1)) in xt.iter().enumerate() {
-            for c in 0..3 {
-                out[x * 3 + c] = r[s0 * 3 + c] as i32 * w0 + r[s1 * 3 + c] as i32 * w1;
-            }
+        for (o, &(s0, s1, w0, w1)) in out.chunks_exact_mut(3).zip(&xt) {
+            let (a, b) = (&r[s0 * 3..s0 * 3 + 3], &r[s1 * 3..s1 * 3 + 3]);
+            o[0] = a[0] as i32 * w0 + b[0] as i32 * w1;
+            o[1] = a[1] as i32 * w0 + b[1] as i32 * w1;
+            o[2] = a[2] as i32 * w0 + b[2] as i32 * w1;
         }
-        out
     };
-    let mut dst = vec![0u8; dw * dh * 3];
-    let mut cache: Option<(usize, Vec<i32>)> = None;
+    // the horizontal passes of the two source rows the current destination row reads; the
+    // next destination row usually reads the same rows or the one after
+    let (mut h0, mut h1) = (vec![0i32; dw * 3], vec![0i32; dw * 3]);
+    let (mut row0, mut row1) = (usize::MAX, usize::MAX);
     for (y, &(r0, r1, b0, b1)) in yt.iter().enumerate() {
-        let h0 = match cache.take() {
-            Some((r, v)) if r == r0 => v,
-            _ => hpass(r0),
-        };
-        let h1 = if r1 == r0 { h0.clone() } else { hpass(r1) };
-        let out = &mut dst[y * dw * 3..(y + 1) * dw * 3];
-        for x in 0..dw * 3 {
-            let a = ((h0[x] >> 4) * b0) >> 16;
-            let b = ((h1[x] >> 4) * b1) >> 16;
-            out[x] = ((a + b + 2) >> 2).clamp(0, 255) as u8;
+        if r0 != row0 {
+            if r0 == row1 {
+                std::mem::swap(&mut h0, &mut h1);
+                row1 = usize::MAX;
+            } else {
+                hpass(r0, &mut h0);
+            }
+            row0 = r0;
         }
-        cache = Some((r1, h1));
+        if r1 != row1 {
+            if r1 == row0 {
+                h1.copy_from_slice(&h0);
+            } else {
+                hpass(r1, &mut h1);
+            }
+            row1 = r1;
+        }
+        let out = &mut dst[y * stride..][..dw * 3];
+        for ((o, &a), &b) in out.iter_mut().zip(&h0).zip(&h1) {
+            let a = ((a >> 4) * b0) >> 16;
+            let b = ((b >> 4) * b1) >> 16;
+            *o = ((a + b + 2) >> 2).clamp(0, 255) as u8;
+        }
     }
-    dst
 }
 
 #[cfg(test)]
