@@ -508,7 +508,9 @@ impl Detector {
                     Pixels::Letterboxed(_) => &[],
                 })
                 .collect();
-            let (x, decoded) = gpu.decode_letterbox(&bytes, self.imgsz as u32, fit, limits)?;
+            // the feed checked each header: the stored size is the geometry's original size
+            let sizes: Vec<(u32, u32)> = idx.iter().map(|&i| batch[i].geometry()).map(|g| (g.orig_w, g.orig_h)).collect();
+            let (x, decoded) = gpu.decode_letterbox_checked(&bytes, &sizes, self.imgsz as u32, fit, limits)?;
             let mut geometries = Vec::with_capacity(idx.len());
             for (k, r) in decoded.into_iter().enumerate() {
                 let planned = *batch[idx[k]].geometry();

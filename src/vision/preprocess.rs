@@ -143,8 +143,10 @@ fn checked_decoder<'a>(
 
 /// True when an end-of-image marker follows the last start-of-scan marker. Entropy-coded data
 /// stuffs every 0xFF with 0x00, so neither marker can appear inside a scan by chance.
+/// Found from the end through the file's 0xFF bytes alone (memchr's SIMD search): the check runs
+/// on every picture and must cost little beside decoding it.
 fn jpeg_is_complete(b: &[u8]) -> bool {
-    let last = |m: u8| b.windows(2).rposition(|w| w[0] == 0xFF && w[1] == m);
+    let last = |m: u8| memchr::memrchr_iter(0xFF, b).find(|&i| b.get(i + 1) == Some(&m));
     matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 

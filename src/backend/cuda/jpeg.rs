@@ -319,13 +319,46 @@ impl GpuJpeg {
         fit: Fit,
         limits: &DecodeLimits,
     ) -> candle_core::Result<(Tensor, Vec<Result<LetterboxGeometry, Fallback>>)> {
+        self.decode_letterbox_inner(pictures, None, size, fit, limits)
+    }
+
+    /// [`Self::decode_letterbox`] of JPEGs whose headers the caller has already checked with
+    /// [`check_jpeg_header`] (with no EXIF orientation to apply): `sizes` holds the width and
+    /// height it read for each, and only nvJPEG's own reading of the header is compared with it.
+    /// A feed checks headers on all cores ahead of the model; checking them again here, on the
+    /// one thread that feeds the GPU, would cost that thread as much as the decode.
+    #[allow(clippy::type_complexity)]
+    pub fn decode_letterbox_checked(
+        &self,
+        pictures: &[&[u8]],
+        sizes: &[(u32, u32)],
+        size: u32,
+        fit: Fit,
+        limits: &DecodeLimits,
+    ) -> candle_core::Result<(Tensor, Vec<Result<LetterboxGeometry, Fallback>>)> {
+        if sizes.len() != pictures.len() {
+            candle_core::bail!("decode_letterbox_checked: {} pictures with {} sizes", pictures.len(), sizes.len());
+        }
+        self.decode_letterbox_inner(pictures, Some(sizes), size, fit, limits)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn decode_letterbox_inner(
+        &self,
+        pictures: &[&[u8]],
+        checked: Option<&[(u32, u32)]>,
+        size: u32,
+        fit: Fit,
+        limits: &DecodeLimits,
+    ) -> candle_core::Result<(Tensor, Vec<Result<LetterboxGeometry, Fallback>>)> {
         if size == 0 || pictures.is_empty() {
             candle_core::bail!("decode_letterbox: {} pictures at size {size}", pictures.len());
         }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let stream = self.dev.cuda_stream();
         stream.context().bind_to_thread().w()?;
-        let plans: Vec<Plan> = pictures.iter().map(|p| self.plan(&inner.default, p, size, fit, limits)).collect();
+        let plans: Vec<Plan> =
+            pictures.iter().enumerate().map(|(k, p)| self.plan(&inner.default, p, checked.map(|c| c[k]), size, fit, limits)).collect();
         let shapes = plans.iter().filter_map(|p| match p {
             Plan::Decode { g, .. } => Some((g.in_w, g.in_h)),
             Plan::Fallback { shape, .. } => *shape,
@@ -416,8 +449,13 @@ impl GpuJpeg {
 
     /// Whether nvJPEG is to decode `bytes`, after the host decoder's own checks and nvJPEG's
     /// reading of the header.
-    fn plan(&self, dec: &Decoder, bytes: &[u8], size: u32, fit: Fit, limits: &DecodeLimits) -> Plan {
-        let (w, h, orientation) = match check_jpeg_header(bytes, limits) {
+    /// `checked`: the stored size the caller's [`check_jpeg_header`] read (no orientation to apply).
+    fn plan(&self, dec: &Decoder, bytes: &[u8], checked: Option<(u32, u32)>, size: u32, fit: Fit, limits: &DecodeLimits) -> Plan {
+        let header = match checked {
+            Some((w, h)) => Ok((w, h, Orientation::NoTransforms)),
+            None => check_jpeg_header(bytes, limits),
+        };
+        let (w, h, orientation) = match header {
             Ok(v) => v,
             Err(ImageError::NotJpeg | ImageError::UnknownFormat) => return Plan::Fallback { why: Fallback::NotJpeg, shape: None },
             Err(e) => return Plan::Fallback { why: Fallback::Refused(e.to_string()), shape: None },
