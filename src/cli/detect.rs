@@ -235,8 +235,10 @@ impl Ctx<'_> {
             let items = items
                 .into_par_iter()
                 .map(|(name, stem, image)| {
-                    let picture =
-                        image.map(|img| Picture { letterboxed: preprocess::letterbox_fit(&img, imgsz, fit), decoded: keep.then_some(img) });
+                    let picture = image.map(|img| Picture {
+                        pixels: yolo_edge::vision::feed::Pixels::Letterboxed(preprocess::letterbox_fit(&img, imgsz, fit)),
+                        decoded: keep.then_some(img),
+                    });
                     Item { name, stem, picture }
                 })
                 .collect();
