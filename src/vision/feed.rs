@@ -27,7 +27,8 @@ use super::preprocess::{self, DecodeLimits, Fit, ImageError, LetterboxGeometry, 
 pub struct StageTimes {
     /// Reading the file.
     pub read: Duration,
-    /// Decoding it to RGB (with the bounds checks and EXIF orientation).
+    /// Decoding it to RGB (with the bounds checks and EXIF orientation); for a JPEG left to the
+    /// device's decoder, checking its header.
     pub decode: Duration,
     /// Resizing and padding to the network input.
     pub letterbox: Duration,
