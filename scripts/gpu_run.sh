@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded jpegcheck e2efeed graphcheck plansoak ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -26,6 +26,7 @@
 #      CAM_CLIP (h264-1920x1080-30s.mp4, under $DEV) CAM_STREAMS (1,4,8,16) CAM_MODES (fast,realtime)
 #      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
 #      PLANSOAK_CASES ("t:4GiB t:16GiB c:4GiB c:16GiB") PLANSOAK_SECONDS (6): step plansoak
+#      RECT_MODELS (real,t,c) RECT_TIMEOUT (420): step rectparity
 #      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
 #      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
@@ -57,7 +58,7 @@ SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch._
 # libnvjpeg (jpegcheck, e2efeed with nvjpeg): the CUDA toolkit's, or NVJPEG_DIR's
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${NVJPEG_DIR:-/usr/local/cuda/lib64}:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
-if has parity || has seeded || has torch || has torchprofile || has ballast || has ladder || has compile; then
+if has parity || has seeded || has rectparity || has torch || has torchprofile || has ballast || has ladder || has compile; then
   mkdir -p "$W/site" && python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHL"/*.whl >/dev/null 2>&1
 fi
 export PYTHONPATH="$W/site"
@@ -315,6 +316,13 @@ if has seeded; then
   say "## seeded random weights, all variants: ours on the GPU vs ultralytics f64 on the CPU"
   YOLO_EDGE_BIN="$BIN" timeout "${SEEDED_TIMEOUT:-400}" python3 "$HERE/gpu_seeded_parity.py" --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
     --variants "${SEEDED_VARIANTS:-t,s,m,c,e}" --work "$W/seeded" 2>"$W/seeded.log" | tee -a "$SUM"
+  echo "rc=${PIPESTATUS[0]}" | tee -a "$SUM"
+fi
+
+if has rectparity; then
+  say "## rect letterbox parity on the GPU: yolo-edge detect (cuda, f32 and f16) vs ultralytics predict on the same card"
+  YOLO_EDGE_BIN="$BIN" YOLO_EDGE_FIXTURES="$DEV" timeout "${RECT_TIMEOUT:-420}" python3 "$HERE/gpu_rect_parity.py" --work "$W/rect" \
+    --models "${RECT_MODELS:-real,t,c}" 2>"$W/rect.log" | tee -a "$SUM"
   echo "rc=${PIPESTATUS[0]}" | tee -a "$SUM"
 fi
 

@@ -500,19 +500,12 @@ impl Worker {
     /// Runs `frames` one forward pass per input shape (pictures of different sizes letterbox to
     /// different rectangles); results in the order of `frames`.
     fn infer_by_shape(&mut self, frames: &[&Letterboxed], out: &mut VecDeque<FrameResult>) {
-        let shape = |lb: &Letterboxed| (lb.geometry.in_w, lb.geometry.in_h);
-        let mut shapes: Vec<(u32, u32)> = Vec::new();
-        for lb in frames {
-            if !shapes.contains(&shape(lb)) {
-                shapes.push(shape(lb));
-            }
-        }
-        if shapes.len() <= 1 {
+        let groups = preprocess::group_positions(frames.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)));
+        if groups.len() <= 1 {
             return self.infer(frames, out);
         }
         let mut by_frame: Vec<Option<FrameResult>> = vec![None; frames.len()];
-        for s in shapes {
-            let idx: Vec<usize> = (0..frames.len()).filter(|&i| shape(frames[i]) == s).collect();
+        for (_, idx) in groups {
             let group: Vec<&Letterboxed> = idx.iter().map(|&i| frames[i]).collect();
             let mut part = VecDeque::with_capacity(group.len());
             self.infer(&group, &mut part);

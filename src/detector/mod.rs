@@ -15,6 +15,17 @@ use crate::vision::postprocess::{self, Candidate, Detection, Thresholds};
 use crate::vision::preprocess::{self, DecodeLimits, ImageError, LetterboxGeometry, Letterboxed};
 use crate::weights::Checkpoint;
 
+/// A JPEG of a [`detect_pictures`](Detector::detect_pictures) batch left encoded by the feed: its
+/// position in the batch, its bytes, and where it will sit in the input.
+struct Encoded<'a> {
+    at: usize,
+    bytes: &'a [u8],
+    /// Read by the device decoder (the host decoder letterboxes from the decoded picture).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    geometry: &'a LetterboxGeometry,
+    fit: preprocess::Fit,
+}
+
 /// After a capture or launch runs out of memory, passes run eagerly for this long before a
 /// graph is tried again (memory pressure from other tenants is usually temporary).
 #[cfg(feature = "cuda")]
@@ -346,18 +357,10 @@ impl Detector {
     /// batch order. Pictures of different input shapes (rect letterboxes of different aspect
     /// ratios) run in one pass per shape.
     pub fn detect(&self, batch: &[&Letterboxed], th: &Thresholds) -> candle_core::Result<Vec<Vec<Detection>>> {
-        let shape = |lb: &Letterboxed| (lb.geometry.in_w, lb.geometry.in_h);
-        let Some(first) = batch.first() else { return Ok(vec![]) };
-        if batch.iter().any(|lb| shape(lb) != shape(first)) {
+        let groups = preprocess::group_positions(batch.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)));
+        if groups.len() > 1 {
             let mut out: Vec<Vec<Detection>> = vec![Vec::new(); batch.len()];
-            let mut shapes: Vec<(u32, u32)> = Vec::new();
-            for lb in batch {
-                if !shapes.contains(&shape(lb)) {
-                    shapes.push(shape(lb));
-                }
-            }
-            for s in shapes {
-                let idx: Vec<usize> = (0..batch.len()).filter(|&i| shape(batch[i]) == s).collect();
+            for (_, idx) in groups {
                 let group: Vec<&Letterboxed> = idx.iter().map(|&i| batch[i]).collect();
                 for (d, i) in self.detect_one_shape(&group, th)?.into_iter().zip(idx) {
                     out[i] = d;
@@ -437,106 +440,85 @@ impl Detector {
     ) -> candle_core::Result<Vec<Result<Vec<Detection>, ImageError>>> {
         use rayon::prelude::*;
         let mut out: Vec<Option<Result<Vec<Detection>, ImageError>>> = (0..batch.len()).map(|_| None).collect();
-        let host: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].letterboxed().is_some()).collect();
-        let jpegs: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].letterboxed().is_none()).collect();
-        let mut decoded: Vec<Letterboxed> = Vec::new();
-        let mut decoded_at: Vec<usize> = Vec::new();
-        if !jpegs.is_empty() {
-            #[cfg(feature = "cuda")]
-            let on_device = self.jpeg.get().map(|gpu| self.detect_jpegs(gpu, batch, &jpegs, th, limits, &mut out)).transpose()?.is_some();
-            #[cfg(not(feature = "cuda"))]
-            let on_device = false;
-            if !on_device {
-                let r: Vec<Result<Letterboxed, ImageError>> = jpegs
-                    .par_iter()
-                    .map(|&i| match &batch[i].pixels {
-                        Pixels::Jpeg { bytes, fit, .. } => {
-                            preprocess::decode_image(bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, *fit))
-                        }
-                        Pixels::Letterboxed(lb) => Ok(lb.clone()),
-                    })
-                    .collect();
-                for (lb, &i) in r.into_iter().zip(&jpegs) {
-                    match lb {
-                        Ok(lb) => {
-                            decoded.push(lb);
-                            decoded_at.push(i);
-                        }
-                        Err(e) => out[i] = Some(Err(e)),
-                    }
-                }
+        let mut host: Vec<(usize, &Letterboxed)> = Vec::new();
+        let mut jpegs: Vec<Encoded<'_>> = Vec::new();
+        for (at, p) in batch.iter().enumerate() {
+            match &p.pixels {
+                Pixels::Letterboxed(lb) => host.push((at, lb)),
+                Pixels::Jpeg { bytes, geometry, fit } => jpegs.push(Encoded { at, bytes, geometry, fit: *fit }),
             }
         }
-        let mut lbs: Vec<&Letterboxed> = host.iter().filter_map(|&i| batch[i].letterboxed()).collect();
-        lbs.extend(decoded.iter());
-        let at: Vec<usize> = host.iter().chain(&decoded_at).copied().collect();
-        for (d, i) in self.detect(&lbs, th)?.into_iter().zip(at) {
-            out[i] = Some(Ok(d));
+        #[cfg(feature = "cuda")]
+        let jpegs = match self.jpeg.get() {
+            Some(gpu) if !jpegs.is_empty() => {
+                self.detect_jpegs(gpu, &jpegs, th, limits, &mut out)?;
+                Vec::new()
+            }
+            _ => jpegs,
+        };
+        // without a device decoder: on the host, on all cores
+        let decoded: Vec<(usize, Result<Letterboxed, ImageError>)> = jpegs
+            .par_iter()
+            .map(|j| (j.at, preprocess::decode_image(j.bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, j.fit))))
+            .collect();
+        let mut decoded_ok = Vec::with_capacity(decoded.len());
+        for (at, r) in decoded {
+            match r {
+                Ok(lb) => decoded_ok.push((at, lb)),
+                Err(e) => out[at] = Some(Err(e)),
+            }
+        }
+        host.extend(decoded_ok.iter().map(|(at, lb)| (*at, lb)));
+        let lbs: Vec<&Letterboxed> = host.iter().map(|h| h.1).collect();
+        for (d, (at, _)) in self.detect(&lbs, th)?.into_iter().zip(&host) {
+            out[*at] = Some(Ok(d));
         }
         Ok(out.into_iter().map(|o| o.unwrap_or_else(|| Ok(Vec::new()))).collect())
     }
 
-    /// The JPEGs of a batch (`jpegs`: their indices) through nvJPEG and the device letterbox,
-    /// one pass per input shape; results into `out`.
+    /// The JPEGs of a batch through nvJPEG and the device letterbox, one pass per input shape;
+    /// results into `out` at each one's position.
     #[cfg(feature = "cuda")]
     fn detect_jpegs(
         &self,
         gpu: &crate::backend::GpuJpeg,
-        batch: &[&Picture],
-        jpegs: &[usize],
+        jpegs: &[Encoded<'_>],
         th: &Thresholds,
         limits: &DecodeLimits,
         out: &mut [Option<Result<Vec<Detection>, ImageError>>],
     ) -> candle_core::Result<()> {
-        let key = |i: usize| match &batch[i].pixels {
-            Pixels::Jpeg { geometry, fit, .. } => (geometry.in_w, geometry.in_h, *fit),
-            Pixels::Letterboxed(lb) => (lb.geometry.in_w, lb.geometry.in_h, preprocess::Fit::Square),
-        };
-        let mut groups: Vec<((u32, u32, preprocess::Fit), Vec<usize>)> = Vec::new();
-        for &i in jpegs {
-            match groups.iter_mut().find(|g| g.0 == key(i)) {
-                Some(g) => g.1.push(i),
-                None => groups.push((key(i), vec![i])),
-            }
-        }
+        let groups = preprocess::group_positions(jpegs.iter().map(|j| (j.geometry.in_w, j.geometry.in_h, j.fit)));
         let _arena = crate::backend::serve_arena(self.device());
-        for ((_, _, fit), idx) in groups {
-            let bytes: Vec<&[u8]> = idx
-                .iter()
-                .map(|&i| match &batch[i].pixels {
-                    Pixels::Jpeg { bytes, .. } => bytes.as_slice(),
-                    Pixels::Letterboxed(_) => &[],
-                })
-                .collect();
+        for ((_, _, fit), positions) in groups {
+            let group: Vec<&Encoded<'_>> = positions.iter().map(|&k| &jpegs[k]).collect();
+            let bytes: Vec<&[u8]> = group.iter().map(|j| j.bytes).collect();
             // the feed checked each header: the stored size is the geometry's original size
-            let sizes: Vec<(u32, u32)> = idx.iter().map(|&i| batch[i].geometry()).map(|g| (g.orig_w, g.orig_h)).collect();
+            let sizes: Vec<(u32, u32)> = group.iter().map(|j| (j.geometry.orig_w, j.geometry.orig_h)).collect();
             let (x, decoded) = gpu.decode_letterbox_checked(&bytes, &sizes, self.imgsz as u32, fit, limits)?;
-            let mut geometries = Vec::with_capacity(idx.len());
-            for (k, r) in decoded.into_iter().enumerate() {
-                let planned = *batch[idx[k]].geometry();
-                match r {
-                    Ok(g) => geometries.push(g),
-                    Err(why) => {
-                        tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
-                        match preprocess::decode_image(bytes[k], limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, fit))
-                        {
-                            Ok(lb) => {
-                                gpu.write_slot(&x, k, &lb)?;
-                                geometries.push(lb.geometry);
-                            }
-                            Err(e) => {
-                                out[idx[k]] = Some(Err(e));
-                                geometries.push(planned);
-                            }
-                        }
+            let mut geometries = Vec::with_capacity(group.len());
+            for (k, (j, r)) in group.iter().zip(decoded).enumerate() {
+                let why = match r {
+                    Ok(g) => {
+                        geometries.push(g);
+                        continue;
+                    }
+                    Err(why) => why,
+                };
+                tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
+                match preprocess::decode_image(j.bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, fit)) {
+                    Ok(lb) => {
+                        gpu.write_slot(&x, k, &lb)?;
+                        geometries.push(lb.geometry);
+                    }
+                    Err(e) => {
+                        out[j.at] = Some(Err(e));
+                        geometries.push(*j.geometry);
                     }
                 }
             }
             let refs: Vec<&LetterboxGeometry> = geometries.iter().collect();
-            for (d, &i) in self.detect_uploaded(&x, &refs, th)?.into_iter().zip(&idx) {
-                if out[i].is_none() {
-                    out[i] = Some(Ok(d));
-                }
+            for (d, j) in self.detect_uploaded(&x, &refs, th)?.into_iter().zip(&group) {
+                out[j.at].get_or_insert(Ok(d));
             }
         }
         Ok(())

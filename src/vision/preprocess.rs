@@ -255,6 +255,19 @@ pub struct Letterboxed {
     pub geometry: LetterboxGeometry,
 }
 
+/// Positions of a batch grouped by key (a picture's input shape: one forward pass takes one
+/// shape), groups in order of first appearance, positions ascending within each.
+pub fn group_positions<K: PartialEq>(keys: impl IntoIterator<Item = K>) -> Vec<(K, Vec<usize>)> {
+    let mut groups: Vec<(K, Vec<usize>)> = Vec::new();
+    for (i, k) in keys.into_iter().enumerate() {
+        match groups.iter_mut().find(|g| g.0 == k) {
+            Some(g) => g.1.push(i),
+            None => groups.push((k, vec![i])),
+        }
+    }
+    groups
+}
+
 /// Letterboxes to an `imgsz` square (see [`letterbox_fit`]).
 pub fn letterbox(img: &RgbImage, size: u32) -> Letterboxed {
     letterbox_fit(img, size, Fit::Square)
@@ -503,6 +516,14 @@ mod tests {
         std::fs::write(&big, vec![0u8; 2000]).unwrap();
         let limits = DecodeLimits { max_bytes: 1000, ..DecodeLimits::default() };
         assert!(matches!(load_image(&big, &limits), Err(ImageError::TooLarge { size: 2000, limit: 1000 })));
+    }
+
+    #[test]
+    fn positions_group_by_key_in_order_of_first_appearance() {
+        let shapes = [(640, 384), (640, 480), (640, 384), (384, 640), (640, 480), (640, 384)];
+        let groups = group_positions(shapes);
+        assert_eq!(groups, [((640, 384), vec![0, 2, 5]), ((640, 480), vec![1, 4]), ((384, 640), vec![3])]);
+        assert!(group_positions(Vec::<u8>::new()).is_empty());
     }
 
     #[test]
