@@ -357,6 +357,9 @@ impl Detector {
     /// batch order. Pictures of different input shapes (rect letterboxes of different aspect
     /// ratios) run in one pass per shape.
     pub fn detect(&self, batch: &[&Letterboxed], th: &Thresholds) -> candle_core::Result<Vec<Vec<Detection>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
         let groups = preprocess::group_positions(batch.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)));
         if groups.len() > 1 {
             let mut out: Vec<Vec<Detection>> = vec![Vec::new(); batch.len()];

@@ -147,6 +147,37 @@ fn real_checkpoint_detections_match_reference() {
     assert!(matched > 0, "no detections compared");
 }
 
+/// A batch of pictures of different rect shapes (two of one shape, one of another, in mixed
+/// order) gives each picture the detections it gets alone, in batch order; an empty batch gives
+/// none.
+#[test]
+fn mixed_shape_batches_give_each_picture_its_own_detections() {
+    let det = real_model(DType::F32);
+    let th = Thresholds { conf: 0.01, iou: 0.7, max_det: 300 };
+    let load = |n: &str| preprocess::load_image(&fixture(n), &DecodeLimits::default()).unwrap();
+    let (horses, court) = (load("horses.jpg"), load("volleyball-court.jpg"));
+    let court_crop = image::imageops::crop_imm(&court, 400, 100, 1280, 720).to_image();
+    let lbs = [
+        preprocess::letterbox_fit(&court, 640, Fit::Rect),
+        preprocess::letterbox_fit(&horses, 640, Fit::Rect),
+        preprocess::letterbox_fit(&court_crop, 640, Fit::Rect),
+    ];
+    let shapes: Vec<(u32, u32)> = lbs.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)).collect();
+    assert_eq!(shapes, [(640, 384), (640, 448), (640, 384)]);
+    let alone: Vec<_> = lbs.iter().map(|lb| det.detect(&[lb], &th).unwrap().remove(0)).collect();
+    assert!(alone[0].len() + alone[2].len() > 0, "the court pictures have boxes at conf 0.01");
+    let together = det.detect(&lbs.iter().collect::<Vec<_>>(), &th).unwrap();
+    assert_eq!(together.len(), 3);
+    for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(t.len(), a.len(), "picture {i}");
+        for (x, y) in t.iter().zip(a) {
+            assert_eq!(x.class_id, y.class_id, "picture {i}");
+            assert!(iou(&x.bbox, &y.bbox) >= 0.999 && (x.confidence - y.confidence).abs() <= 1e-5, "picture {i}: {x:?} vs {y:?}");
+        }
+    }
+    assert!(det.detect(&[], &th).unwrap().is_empty());
+}
+
 /// Worst agreement over the boxes a rect golden compared.
 #[derive(Debug)]
 struct RectStats {
