@@ -1210,8 +1210,25 @@ fn agent_in_a_memory_cgroup_plans_within_the_limit_and_runs_500_pictures() {
     assert!(plan.verified_peak > 0 && plan.verified_peak <= plan.budget.bytes, "{plan:?}");
     assert!((1..64).contains(&plan.batch), "the limit decides, not max_batch: {plan:?}");
 
+    // 96x63 pictures run at 320x224 (rect): the plan scaled to their pixels, inside the same limit
     let names = drop_images(&conf.input, 0, N, &small_jpeg("horses.jpg", 96));
-    wait_until(T, "500 detections", || col.detections().len() >= N);
+    let t0 = std::time::Instant::now();
+    while col.detections().len() < N {
+        if !agent.alive() || t0.elapsed() > T {
+            let log = agent.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "{} of {N} detections; agent alive: {}; cgroup peak {:?} MiB, OOM kills {:?}; log tail:\n{}",
+                col.detections().len(),
+                agent.alive(),
+                cg.peak().map(|p| p >> 20),
+                cg.oom_kills(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let shape_batch = shape_batch_320x224(&col, plan.batch as u64, 64) as usize;
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     let mut seen: Vec<String> = dets.iter().map(image_name).collect();
     seen.sort();
@@ -1219,7 +1236,7 @@ fn agent_in_a_memory_cgroup_plans_within_the_limit_and_runs_500_pictures() {
     let mut want = names.clone();
     want.sort();
     assert_eq!(seen, want, "every picture detected");
-    assert!(dets.iter().all(|d| d.batch_size <= plan.batch), "batches at most the planned size");
+    assert!(dets.iter().all(|d| d.batch_size <= shape_batch), "batches at most what the shape allows ({shape_batch})");
     let hwm = vm_hwm_kb(agent.child.id()) << 10;
     eprintln!("agent resident peak {} MiB, cgroup peak {:?} MiB, OOM kills {:?}", hwm >> 20, cg.peak().map(|p| p >> 20), cg.oom_kills());
     assert!(hwm < LIMIT, "resident peak {hwm} under the limit {LIMIT}");
@@ -1305,11 +1322,27 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     assert!(bp.reason.starts_with("planned"), "{bp:?}");
     assert!(agent.log().contains("batch plan"), "the decision is logged");
 
+    // 64x42 pictures letterbox (rect) to 320x224: 0.7 of the planned square's pixels, so the plan
+    // holds floor(chosen / 0.7) of them (at most max_batch 16), and the working batch goes there
     let names = drop_images(&conf.input, 0, 40, &small_jpeg("horses.jpg", 64));
     wait_until(T, "40 detections", || col.detections().len() >= 40);
+    let want = shape_batch_320x224(&col, chosen, 16);
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "every frame once, in order");
-    assert!(dets.iter().all(|d| d.batch_size as u64 <= chosen), "batches at most the planned size");
+    assert!(dets.iter().all(|d| d.batch_size as u64 <= want), "batches at most what the shape allows ({want})");
+    if want > chosen {
+        let up = col.events("batch_change").into_iter().any(|e| {
+            matches!(e, EventBody::BatchChange { from, to, reason: BatchChangeReason::Shape, .. } if from as u64 == chosen && to as u64 == want)
+        });
+        assert!(up, "batch_change {chosen} -> {want} for the shape: {:?}", col.events("batch_change"));
+        assert!(dets.iter().any(|d| d.batch_size as u64 > chosen), "batches above the square plan ran");
+    }
+    wait_until(T, "telemetry with the shape's ceiling", || {
+        col.on("/telemetry").last().is_some_and(|m| {
+            let b = m.parse::<Telemetry>().batch;
+            b.ceiling == want && b.shape == Some([320, 224])
+        })
+    });
     wait_until(T, "telemetry with the plan", || {
         col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().batch.verified_peak.is_some())
     });
@@ -1324,6 +1357,28 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
     col.assert_all_typed();
+}
+
+/// The one `shape_planned` event so far, for a 320x224 input planned from `startup`: checks its
+/// figures and returns the batch that shape runs at. The plan scaled by pixels gives
+/// `floor(startup / 0.7)` (at most `max_batch`); above `startup` a batch is taken only with a
+/// measured peak within the budget (that one, or the one halfway), else `startup`.
+fn shape_batch_320x224(col: &Collector, startup: u64, max_batch: u64) -> u64 {
+    let ev = col.events("shape_planned");
+    let [EventBody::ShapePlanned { width, height, area_ratio, estimated, batch, verified_peak, budget, startup: s, .. }] = &ev[..] else {
+        panic!("one shape_planned event: {ev:?}");
+    };
+    eprintln!("shape_planned 320x224 from startup {startup}: {:?}", ev[0]);
+    assert_eq!((*width, *height, *s as u64), (320, 224, startup));
+    assert!((area_ratio - 0.7).abs() < 1e-4);
+    let est = ((startup as f64 / 0.7 + 1e-9).floor() as u64).clamp(1, max_batch);
+    assert_eq!(*estimated as u64, est);
+    let (batch, mid) = (*batch as u64, (est + startup).div_ceil(2));
+    assert!(batch == est || batch == mid || batch == startup.min(est), "{batch} of est {est}, mid {mid}, startup {startup}");
+    if batch > startup {
+        assert!(verified_peak.is_some_and(|p| p <= *budget), "a batch above startup was measured to fit: {:?}", ev[0]);
+    }
+    batch
 }
 
 /// A broker, a collector on all of the agent's topics, and an agent at startup batch `batch`

@@ -288,6 +288,12 @@ pub struct BatchTelemetry {
     pub current: u64,
     /// The batch size the agent started with (fixed or planned).
     pub startup: u64,
+    /// The largest batch the input shapes of the last minute allow: the plan scaled by their
+    /// pixels (`shape_planned`); `startup` before the first picture, or with a fixed batch.
+    pub ceiling: u64,
+    /// The network input shape (width, height) that sets `ceiling` (null before the first
+    /// picture).
+    pub shape: Option<[u32; 2]>,
     /// Out-of-memory errors that split a batch or failed a frame.
     pub oom_fallbacks: u64,
     /// Unix time of the last out-of-memory error (ms; null: none yet).
@@ -747,6 +753,32 @@ pub enum EventBody {
         /// Why.
         reason: BatchChangeReason,
     },
+    /// A picture shape not seen before reached the model, and the batch it runs at: the startup
+    /// plan (made at the `imgsz` square) scaled by the shape's pixels; above the startup batch
+    /// only once a measured pass at that batch and shape fits the budget (else halfway to the
+    /// startup batch, measured the same way, else the startup batch). The working batch follows
+    /// the smallest over the shapes of the last minute (`batch_change` with reason `shape`).
+    /// Once per shape; only with `batch = "auto"`.
+    ShapePlanned {
+        /// Network input width and height of the shape.
+        width: u32,
+        height: u32,
+        /// Its pixels over the planned square's.
+        area_ratio: f64,
+        /// The batch the plan scaled by pixels gives (at most `max_batch`).
+        estimated: usize,
+        /// The plan's predicted peak for that batch (bytes).
+        predicted_peak: u64,
+        /// The batch this shape runs at.
+        batch: usize,
+        /// The measured peak at `batch` (bytes), where it was measured (above the startup batch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verified_peak: Option<u64>,
+        /// The plan's budget (bytes).
+        budget: u64,
+        /// The batch planned at the square.
+        startup: usize,
+    },
     /// A valid config edit was applied live.
     ConfigApplied {
         /// The config file.
@@ -902,6 +934,7 @@ impl EventBody {
         match self {
             Self::OomFallback { .. } => "oom_fallback",
             Self::BatchChange { .. } => "batch_change",
+            Self::ShapePlanned { .. } => "shape_planned",
             Self::ConfigApplied { .. } => "config_applied",
             Self::ConfigRejected { .. } => "config_rejected",
             Self::ModelReloaded { .. } => "model_reloaded",
@@ -943,11 +976,15 @@ pub enum OomAction {
 pub enum BatchChangeReason {
     /// Down, after an out-of-memory error.
     Oom,
-    /// Up one step (doubling, capped at the startup batch) after `oom.quiet_period_s` without one.
+    /// Up one step (doubling, capped at the shapes' ceiling) after `oom.quiet_period_s` without one.
     Probe,
     /// Down (halving), once per memory watchdog reading while it holds memory high
     /// (`watchdog.lower_batch`).
     MemoryHigh,
+    /// To the ceiling of the input shapes of the last minute (`shape_planned`): down at once
+    /// when a larger shape arrives; up when the shapes that held it lower are gone (or a
+    /// smaller one is all there is), unless an out-of-memory error or high memory was recent.
+    Shape,
 }
 
 /// The pipeline stage where a picture failed.
@@ -1157,6 +1194,8 @@ pub(crate) mod examples {
             batch: BatchTelemetry {
                 current: 4,
                 startup: 4,
+                ceiling: 6,
+                shape: Some([640, 384]),
                 oom_fallbacks: 0,
                 last_oom_ms: None,
                 predicted_peak: None,
@@ -1349,6 +1388,17 @@ pub(crate) mod examples {
                 share: 0.293,
                 threshold: 0.8,
             }),
+            EventBody::ShapePlanned {
+                width: 640,
+                height: 384,
+                area_ratio: 0.6,
+                estimated: 13,
+                predicted_peak: 900 << 20,
+                batch: 13,
+                verified_peak: Some(880 << 20),
+                budget: 1 << 30,
+                startup: 8,
+            },
         ]
     }
 }

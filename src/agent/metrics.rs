@@ -356,6 +356,12 @@ impl Collector for Inner {
             None,
             g(&s.batch_startup),
         )?;
+        o.gauge(
+            "yolo_edge_batch_size_ceiling",
+            "The largest batch the input shapes of the last minute allow (the plan scaled by their pixels)",
+            None,
+            g(&s.batch_ceiling),
+        )?;
         if let Some(c) = ctx {
             o.gauge("yolo_edge_batch_size_max", "The configured max_batch", None, c.max_batch)?;
         }

@@ -251,8 +251,18 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
 
     let hub = frames::FrameHub::new();
     let pictures = cfg.sources.iter().any(|s| !s.is_stream());
-    let pipeline =
-        Pipeline::start(detector, batch, cfg_rx.clone(), intake_rx, hub.clone(), pictures, results_tx, events.clone(), stats.clone())?;
+    let pipeline = Pipeline::start(
+        detector,
+        batch,
+        decision.plan.clone(),
+        cfg_rx.clone(),
+        intake_rx,
+        hub.clone(),
+        pictures,
+        results_tx,
+        events.clone(),
+        stats.clone(),
+    )?;
     let model_meta = pipeline.model.clone();
     let control = pipeline.control.clone();
 

@@ -23,6 +23,7 @@ use crate::agent::messages::{BatchChangeReason, EventBody, InputStage, OomAction
 use crate::agent::telemetry::{Stage, Stats};
 use crate::backend::oom::{is_oom, OomInjector};
 use crate::detector::Detector;
+use crate::planner::{Plan, ShapePlan};
 use crate::vision::postprocess::Detection;
 use crate::vision::preprocess::{self, DecodeLimits, Fit, Letterboxed};
 
@@ -165,6 +166,7 @@ impl Pipeline {
     pub fn start(
         detector: Detector,
         startup_batch: usize,
+        plan: Option<Plan>,
         cfg: watch::Receiver<Arc<Config>>,
         intake: mpsc::Receiver<Job>,
         hub: Arc<FrameHub>,
@@ -196,6 +198,7 @@ impl Pipeline {
         let model = Arc::new(RwLock::new(ModelMeta::of(&detector)));
         stats.batch_current.store(startup_batch as u64, Relaxed);
         stats.batch_startup.store(startup_batch as u64, Relaxed);
+        stats.batch_ceiling.store(startup_batch as u64, Relaxed);
         let limits = c.input.decode_limits();
         let (imgsz, fit) = (c.device.imgsz as u32, c.device.fit);
         let mut threads = Vec::new();
@@ -224,12 +227,14 @@ impl Pipeline {
         threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || b.run())?);
         // graphs for the batch sizes this worker runs: a ladder up to its batch
         detector.set_graph_ladder(startup_batch);
+        let shapes = Shapes::new(plan, detector.imgsz() as u32, startup_batch);
         let worker = Worker {
             detector,
             model: model.clone(),
             cfg,
             startup: startup_batch,
             current: startup_batch,
+            shapes,
             last_change: Instant::now(),
             last_oom: None,
             last_pressure: None,
@@ -409,12 +414,75 @@ impl Batcher {
     }
 }
 
+/// How long a shape keeps holding the working batch's ceiling after its last picture.
+const SHAPE_WINDOW: Duration = Duration::from_secs(60);
+
+/// Most shapes remembered (a rect letterbox at `imgsz` makes at most `2 x imgsz / 32`); the one
+/// seen longest ago goes first.
+const MAX_SHAPES: usize = 64;
+
+/// The input shapes the inference thread has run and the batch each allows; with a fixed
+/// batch, or no plan, the startup batch for every shape.
+struct Shapes {
+    plan: Option<Plan>,
+    /// The side of the square the plan measured (`imgsz`).
+    side: u32,
+    startup: usize,
+    /// (shape, its batch, when last seen)
+    seen: Vec<((u32, u32), usize, Instant)>,
+}
+
+impl Shapes {
+    fn new(plan: Option<Plan>, side: u32, startup: usize) -> Self {
+        Self { plan, side, startup, seen: Vec::new() }
+    }
+
+    /// Records `shapes` as seen `now`; returns those not seen before, each at the startup batch
+    /// until [`Self::set`] gives it its own.
+    fn note(&mut self, shapes: impl IntoIterator<Item = (u32, u32)>, now: Instant) -> Vec<(u32, u32)> {
+        let mut new = Vec::new();
+        for shape in shapes {
+            if let Some(e) = self.seen.iter_mut().find(|e| e.0 == shape) {
+                e.2 = now;
+                continue;
+            }
+            if self.seen.len() >= MAX_SHAPES {
+                if let Some(oldest) = (0..self.seen.len()).min_by_key(|&i| self.seen[i].2) {
+                    self.seen.swap_remove(oldest);
+                }
+            }
+            self.seen.push((shape, self.startup, now));
+            new.push(shape);
+        }
+        new
+    }
+
+    /// The batch of `shape`.
+    fn set(&mut self, shape: (u32, u32), batch: usize) {
+        if let Some(e) = self.seen.iter_mut().find(|e| e.0 == shape) {
+            e.1 = batch;
+        }
+    }
+
+    /// The smallest batch of the shapes seen within [`SHAPE_WINDOW`] of `now`, and its shape;
+    /// `None` before the first picture.
+    fn ceiling(&self, now: Instant) -> Option<(usize, (u32, u32))> {
+        self.seen
+            .iter()
+            .filter(|e| now.saturating_duration_since(e.2) <= SHAPE_WINDOW)
+            .min_by_key(|e| (e.1, std::cmp::Reverse(e.0 .0 as u64 * e.0 .1 as u64)))
+            .map(|e| (e.1, e.0))
+    }
+}
+
 struct Worker {
     detector: Detector,
     model: Arc<RwLock<ModelMeta>>,
     cfg: watch::Receiver<Arc<Config>>,
     startup: usize,
     current: usize,
+    /// The input shapes seen and the batch they allow (the working batch's ceiling).
+    shapes: Shapes,
     last_change: Instant,
     last_oom: Option<Instant>,
     /// When the last step down for high memory was taken.
@@ -467,6 +535,7 @@ impl Worker {
                 self.last_work = Instant::now();
                 self.released = false;
                 self.stats.batches.fetch_add(1, Relaxed);
+                self.follow_shapes(&frames);
                 self.infer_by_shape(&frames, &mut out);
             }
             let label: Arc<str> = self.model.read().map(|m| Arc::from(m.label.as_str())).unwrap_or_else(|_| Arc::from("unknown"));
@@ -498,22 +567,98 @@ impl Worker {
     }
 
     /// Runs `frames` one forward pass per input shape (pictures of different sizes letterbox to
-    /// different rectangles); results in the order of `frames`.
+    /// different rectangles), at most the working batch per pass (a batch gathered before a
+    /// larger shape lowered it is split); results in the order of `frames`.
     fn infer_by_shape(&mut self, frames: &[&Letterboxed], out: &mut VecDeque<FrameResult>) {
         let groups = preprocess::group_positions(frames.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)));
-        if groups.len() <= 1 {
+        if groups.len() <= 1 && frames.len() <= self.current {
             return self.infer(frames, out);
         }
         let mut by_frame: Vec<Option<FrameResult>> = vec![None; frames.len()];
         for (_, idx) in groups {
-            let group: Vec<&Letterboxed> = idx.iter().map(|&i| frames[i]).collect();
-            let mut part = VecDeque::with_capacity(group.len());
-            self.infer(&group, &mut part);
-            for (i, r) in idx.into_iter().zip(part) {
-                by_frame[i] = Some(r);
+            for chunk in idx.chunks(self.current.max(1)) {
+                let group: Vec<&Letterboxed> = chunk.iter().map(|&i| frames[i]).collect();
+                let mut part = VecDeque::with_capacity(group.len());
+                self.infer(&group, &mut part);
+                for (&i, r) in chunk.iter().zip(part) {
+                    by_frame[i] = Some(r);
+                }
             }
         }
         out.extend(by_frame.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".into()))));
+    }
+
+    /// Notes the input shapes of a batch about to run: a shape not seen before gets its batch
+    /// ([`Self::plan_shape`], `shape_planned`), and the working batch follows the ceiling of the
+    /// shapes of the last [`SHAPE_WINDOW`]: down at once, up when nothing recent argues against
+    /// it (an out-of-memory error or high memory within `oom.quiet_period_s`, or a batch already
+    /// lowered by them).
+    fn follow_shapes(&mut self, frames: &[&Letterboxed]) {
+        let new = self.shapes.note(frames.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)), Instant::now());
+        for shape in new {
+            if let Some(batch) = self.plan_shape(shape) {
+                self.shapes.set(shape, batch);
+            }
+        }
+        let Some((ceiling, (w, h))) = self.shapes.ceiling(Instant::now()) else { return };
+        self.stats.ceiling_shape_w.store(w as u64, Relaxed);
+        self.stats.ceiling_shape_h.store(h as u64, Relaxed);
+        let before = self.stats.batch_ceiling.swap(ceiling as u64, Relaxed) as usize;
+        if ceiling == before {
+            return;
+        }
+        let quiet = self.cfg.borrow().oom_quiet_period;
+        let calm = self.last_oom.is_none_or(|t| t.elapsed() >= quiet)
+            && self.last_pressure.is_none_or(|t| t.elapsed() >= quiet)
+            && !self.stats.memory_high.load(Relaxed);
+        if self.current > ceiling || (self.current == before && calm) {
+            self.set_batch(ceiling, BatchChangeReason::Shape);
+        }
+    }
+
+    /// The batch for a new input shape, from the startup plan (`None` without one): the plan
+    /// scaled by the shape's pixels ([`Plan::for_shape`]). Below the startup batch it is taken
+    /// as it is; above it, it must first be measured to fit the plan's budget (one measured pass
+    /// at that batch and shape, and at the batch halfway to the startup one if it does not):
+    /// memory is not in proportion to pixels everywhere (on the CPU, 40 pictures at 320x224
+    /// were measured to need more than 28 at 320x320).
+    fn plan_shape(&mut self, (w, h): (u32, u32)) -> Option<usize> {
+        let plan = self.shapes.plan.as_ref()?;
+        let est: ShapePlan = plan.for_shape(self.shapes.side, w, h);
+        let budget = plan.budget.bytes;
+        let mut batch = est.batch.min(self.startup);
+        let mut verified = None;
+        if est.batch > self.startup {
+            let prober = crate::planner::DetectorProber::at_shape(&self.detector, w, h);
+            let t = Instant::now();
+            for b in [est.batch, (est.batch + self.startup).div_ceil(2)] {
+                if b <= self.startup {
+                    break;
+                }
+                match prober.measure(b) {
+                    Ok(p) if p.reserved <= budget => {
+                        (batch, verified) = (b, Some(p.reserved));
+                        break;
+                    }
+                    Ok(p) => tracing::info!(width = w, height = h, batch = b, peak = p.reserved, budget, "shape batch over budget"),
+                    Err(e) => tracing::info!(width = w, height = h, batch = b, error = ?e, "shape batch did not run"),
+                }
+            }
+            let _ = crate::backend::devmem::PeakMeter::new(self.detector.device()).reset();
+            tracing::info!(width = w, height = h, batch, ms = t.elapsed().as_millis() as u64, "shape batch measured");
+        }
+        self.events.emit(EventBody::ShapePlanned {
+            width: w,
+            height: h,
+            area_ratio: (est.area_ratio * 1e4).round() / 1e4,
+            estimated: est.batch,
+            predicted_peak: est.predicted_peak,
+            batch,
+            verified_peak: verified,
+            budget,
+            startup: self.startup,
+        });
+        Some(batch)
     }
 
     /// Runs `frames`, splitting in halves on OOM (same frames, same order) down to one.
@@ -613,7 +758,8 @@ impl Worker {
     }
 
     fn maybe_probe_up(&mut self) {
-        if self.current >= self.startup || self.stats.memory_high.load(Relaxed) {
+        let ceiling = (self.stats.batch_ceiling.load(Relaxed) as usize).max(1);
+        if self.current >= ceiling || self.stats.memory_high.load(Relaxed) {
             return;
         }
         let quiet = self.cfg.borrow().oom_quiet_period;
@@ -621,7 +767,7 @@ impl Worker {
             && self.last_pressure.is_none_or(|t| t.elapsed() >= quiet)
             && self.last_change.elapsed() >= quiet;
         if calm {
-            self.set_batch((self.current * 2).min(self.startup), BatchChangeReason::Probe);
+            self.set_batch((self.current * 2).min(ceiling), BatchChangeReason::Probe);
         }
     }
 
@@ -659,5 +805,50 @@ impl Worker {
         self.stats.model_ready.store(true, Relaxed);
         self.stats.model_reloads.fetch_add(1, Relaxed);
         self.events.emit(EventBody::ModelReloaded { from: old_meta.label, to: meta.label, path: meta.path, sha256: meta.sha256 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::test_plan;
+
+    #[test]
+    fn each_shape_is_noted_once_and_the_smallest_recent_batch_sets_the_ceiling() {
+        let t0 = Instant::now();
+        let mut s = Shapes::new(Some(test_plan(30, 256)), 640, 30);
+        assert_eq!(s.ceiling(t0), None, "no picture yet");
+        assert_eq!(s.note([(640, 384), (640, 384)], t0), [(640, 384)]);
+        // at the startup batch until set
+        assert_eq!(s.ceiling(t0), Some((30, (640, 384))));
+        s.set((640, 384), 50);
+        assert_eq!(s.ceiling(t0), Some((50, (640, 384))));
+        // seen again: not new
+        assert!(s.note([(640, 384)], t0 + Duration::from_secs(1)).is_empty());
+        // a 4:3 shape beside it: the smaller batch holds the ceiling
+        let t1 = t0 + Duration::from_secs(2);
+        assert_eq!(s.note([(640, 480)], t1), [(640, 480)]);
+        s.set((640, 480), 40);
+        assert_eq!(s.ceiling(t1), Some((40, (640, 480))));
+        // the 4:3 source gone for longer than the window, the 16:9 one still running
+        let t2 = t1 + SHAPE_WINDOW + Duration::from_secs(1);
+        s.note([(640, 384)], t2);
+        assert_eq!(s.ceiling(t2), Some((50, (640, 384))));
+    }
+
+    #[test]
+    fn the_shape_list_is_bounded_and_ties_go_to_the_largest_input() {
+        let t0 = Instant::now();
+        let mut s = Shapes::new(None, 640, 8);
+        assert_eq!(s.note([(640, 384)], t0), [(640, 384)]);
+        assert_eq!(s.ceiling(t0), Some((8, (640, 384))));
+        for k in 0..100u32 {
+            s.note([(32 + k, 640)], t0 + Duration::from_millis(k as u64));
+        }
+        s.note([(640, 640)], t0 + Duration::from_millis(100));
+        assert_eq!(s.seen.len(), MAX_SHAPES);
+        assert!(s.seen.iter().all(|e| e.0 .0 >= 32 + 100 - MAX_SHAPES as u32 + 1), "the oldest went first");
+        // every shape at the startup batch: the largest input names the ceiling
+        assert_eq!(s.ceiling(t0 + Duration::from_secs(1)), Some((8, (640, 640))));
     }
 }

@@ -208,6 +208,11 @@ pub struct Stats {
     pub last_oom_unix_ms: AtomicU64,
     pub batch_current: AtomicU64,
     pub batch_startup: AtomicU64,
+    /// The batch the input shapes of the last minute allow, and the shape that sets it (width,
+    /// height; 0: no picture yet).
+    pub batch_ceiling: AtomicU64,
+    pub ceiling_shape_w: AtomicU64,
+    pub ceiling_shape_h: AtomicU64,
     /// The planner's predicted and verified peak bytes at the startup batch (0: not planned).
     pub plan_predicted_peak: AtomicU64,
     pub plan_verified_peak: AtomicU64,
@@ -509,6 +514,11 @@ pub fn snapshot(stats: &Stats, mem: &DeviceMemory, fps: f64, uptime_s: f64, devi
         batch: BatchTelemetry {
             current: g(&stats.batch_current),
             startup: g(&stats.batch_startup),
+            ceiling: g(&stats.batch_ceiling),
+            shape: match (g(&stats.ceiling_shape_w), g(&stats.ceiling_shape_h)) {
+                (0, _) | (_, 0) => None,
+                (w, h) => Some([w as u32, h as u32]),
+            },
             oom_fallbacks: g(&stats.oom_fallbacks),
             last_oom_ms: nonzero(g(&stats.last_oom_unix_ms)),
             predicted_peak: nonzero(g(&stats.plan_predicted_peak)),

@@ -12,7 +12,7 @@
 //!
 //! One job per file: [`budget`] (what may be used), [`fit`] (the memory model), [`search`] (the
 //! largest batch that fits, verified), [`probe`] (measured passes of the real detector),
-//! [`report`] (the figures telemetry carries).
+//! [`shape`] (the plan at another input shape), [`report`] (the figures telemetry carries).
 //!
 //! May use: the detector, the backend's memory queries, and the vision types of a probe input.
 
@@ -21,12 +21,16 @@ mod fit;
 mod probe;
 mod report;
 mod search;
+mod shape;
 
 pub use budget::Budget;
 pub use fit::MemoryFit;
 pub use probe::{DetectorProber, Peaks, Soak, StageTimes, MEASURED_PASSES};
 pub use report::MemoryTelemetry;
 pub use search::{plan, Plan, Step};
+#[cfg(test)]
+pub(crate) use shape::test_plan;
+pub use shape::ShapePlan;
 
 use serde::Serialize;
 

@@ -44,11 +44,20 @@ pub struct DetectorProber<'a> {
 }
 
 impl<'a> DetectorProber<'a> {
+    /// Measures batches of `imgsz x imgsz` pictures (the largest input a letterbox makes).
     pub fn new(det: &'a Detector) -> Self {
         let s = det.imgsz() as u32;
+        Self::at_shape(det, s, s)
+    }
+
+    /// Measures batches of `width x height` inputs (a rect letterbox's shape).
+    pub fn at_shape(det: &'a Detector, width: u32, height: u32) -> Self {
+        let (w, h) = (width.max(1), height.max(1));
         // a textured picture (not a constant: some kernels take shortcuts on zeros)
-        let pixels: Vec<u8> = (0..(s * s * 3) as usize).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        let picture = Letterboxed { pixels, geometry: LetterboxGeometry::new(s, s, s) };
+        let pixels: Vec<u8> = (0..(w as usize * h as usize * 3)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        // a picture that fills the input exactly
+        let geometry = LetterboxGeometry { orig_w: w, orig_h: h, in_w: w, in_h: h, new_w: w, new_h: h, left: 0, top: 0 };
+        let picture = Letterboxed { pixels, geometry };
         let host_memory = devmem::device_memory(det.device())
             .map(|m| m.source != crate::backend::hostmem::MemorySource::CudaDriver)
             .unwrap_or(!det.device().is_cuda());
