@@ -847,7 +847,9 @@ mod tests {
         }
         s.note([(640, 640)], t0 + Duration::from_millis(100));
         assert_eq!(s.seen.len(), MAX_SHAPES);
-        assert!(s.seen.iter().all(|e| e.0 .0 >= 32 + 100 - MAX_SHAPES as u32 + 1), "the oldest went first");
+        // 101 shapes noted, 64 kept: the square and the 63 widest of the others (69..=131)
+        let narrowest_kept = 32 + 100 - (MAX_SHAPES as u32 - 1);
+        assert!(s.seen.iter().all(|e| e.0 .0 >= narrowest_kept), "the oldest went first");
         // every shape at the startup batch: the largest input names the ceiling
         assert_eq!(s.ceiling(t0 + Duration::from_secs(1)), Some((8, (640, 640))));
     }
