@@ -1327,6 +1327,7 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     let names = drop_images(&conf.input, 0, 40, &small_jpeg("horses.jpg", 64));
     wait_until(T, "40 detections", || col.detections().len() >= 40);
     let want = shape_batch_320x224(&col, chosen, 16);
+    assert_eq!(col.events("shape_planned").len(), 1, "one event for the one shape");
     let dets: Vec<_> = col.detections().iter().map(|m| check_detection(m, "box-1")).collect();
     assert_eq!(dets.iter().map(image_name).collect::<Vec<_>>(), names, "every frame once, in order");
     assert!(dets.iter().all(|d| d.batch_size as u64 <= want), "batches at most what the shape allows ({want})");
@@ -1343,6 +1344,25 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
             b.ceiling == want && b.shape == Some([320, 224])
         })
     });
+    // a reloaded model starts again from the startup batch and measures the shape anew
+    let m2 = tmp.path().join("m2.pt");
+    std::fs::copy(&conf.model, &m2).unwrap();
+    conf.model = m2;
+    conf.write(&cfg);
+    wait_until(T, "model_reloaded", || !col.events("model_reloaded").is_empty());
+    let more = drop_images(&conf.input, 40, 40, &small_jpeg("horses.jpg", 64));
+    wait_until(T, "80 detections", || col.detections().len() >= 80);
+    wait_until(T, "the shape planned again", || col.events("shape_planned").len() == 2);
+    let again = shape_batch_320x224(&col, chosen, 16);
+    if want > chosen {
+        let down = col.events("batch_change").into_iter().any(|e| {
+            matches!(e, EventBody::BatchChange { from, to, reason: BatchChangeReason::Shape, .. } if from as u64 == want && to as u64 == chosen)
+        });
+        assert!(down, "batch_change {want} -> {chosen} at the reload: {:?}", col.events("batch_change"));
+    }
+    let after: Vec<_> = col.detections()[40..].iter().map(|m| check_detection(m, "box-1")).collect();
+    assert_eq!(after.iter().map(image_name).collect::<Vec<_>>(), more, "every picture after the reload once, in order");
+    assert!(after.iter().all(|d| d.batch_size as u64 <= again));
     wait_until(T, "telemetry with the plan", || {
         col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().batch.verified_peak.is_some())
     });
@@ -1359,16 +1379,17 @@ fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     col.assert_all_typed();
 }
 
-/// The one `shape_planned` event so far, for a 320x224 input planned from `startup`: checks its
+/// The last `shape_planned` event so far, for a 320x224 input planned from `startup`: checks its
 /// figures and returns the batch that shape runs at. The plan scaled by pixels gives
 /// `floor(startup / 0.7)` (at most `max_batch`); above `startup` a batch is taken only with a
 /// measured peak within the budget (that one, or the one halfway), else `startup`.
 fn shape_batch_320x224(col: &Collector, startup: u64, max_batch: u64) -> u64 {
     let ev = col.events("shape_planned");
-    let [EventBody::ShapePlanned { width, height, area_ratio, estimated, batch, verified_peak, budget, startup: s, .. }] = &ev[..] else {
-        panic!("one shape_planned event: {ev:?}");
+    let Some(EventBody::ShapePlanned { width, height, area_ratio, estimated, batch, verified_peak, budget, startup: s, .. }) = ev.last()
+    else {
+        panic!("no shape_planned event");
     };
-    eprintln!("shape_planned 320x224 from startup {startup}: {:?}", ev[0]);
+    eprintln!("shape_planned 320x224 from startup {startup}: {:?}", ev.last());
     assert_eq!((*width, *height, *s as u64), (320, 224, startup));
     assert!((area_ratio - 0.7).abs() < 1e-4);
     let est = ((startup as f64 / 0.7 + 1e-9).floor() as u64).clamp(1, max_batch);
@@ -1376,7 +1397,7 @@ fn shape_batch_320x224(col: &Collector, startup: u64, max_batch: u64) -> u64 {
     let (batch, mid) = (*batch as u64, (est + startup).div_ceil(2));
     assert!(batch == est || batch == mid || batch == startup.min(est), "{batch} of est {est}, mid {mid}, startup {startup}");
     if batch > startup {
-        assert!(verified_peak.is_some_and(|p| p <= *budget), "a batch above startup was measured to fit: {:?}", ev[0]);
+        assert!(verified_peak.is_some_and(|p| p <= *budget), "a batch above startup was measured to fit: {:?}", ev.last());
     }
     batch
 }

@@ -758,7 +758,7 @@ pub enum EventBody {
     /// only once a measured pass at that batch and shape fits the budget (else halfway to the
     /// startup batch, measured the same way, else the startup batch). The working batch follows
     /// the smallest over the shapes of the last minute (`batch_change` with reason `shape`).
-    /// Once per shape; only with `batch = "auto"`.
+    /// Once per shape and model (a reloaded model measures again); only with `batch = "auto"`.
     ShapePlanned {
         /// Network input width and height of the shape.
         width: u32,

@@ -795,6 +795,13 @@ impl Worker {
 
     fn swap(&mut self, d: Detector) {
         let meta = ModelMeta::of(&d);
+        // the shapes' batches above the startup one were measured with the old model: back to
+        // the startup batch, and each shape is measured again with the new one as it comes
+        self.shapes.seen.clear();
+        self.stats.batch_ceiling.store(self.startup as u64, Relaxed);
+        if self.current > self.startup {
+            self.set_batch(self.startup, BatchChangeReason::Shape);
+        }
         d.set_graph_ladder(self.current);
         let old = std::mem::replace(&mut self.detector, d);
         let old_meta = ModelMeta::of(&old);
