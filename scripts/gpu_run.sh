@@ -14,7 +14,8 @@
 # The device tool copies the session's checkout, so stage these (and this script) under an
 # ignored folder of that checkout, e.g. .dev/gpu-run/{dist,dev,whl}, and carry that folder.
 # Env: VARIANTS (t,s,m,c,e) BATCHES (1,8,32,64,128,256) E2E_BATCHES (1,8,32,64,128,256: issue 3's Proof) E2E_ITERS (10) E2E_TIMEOUT (per variant, 150)
-#      E2E_MODELS ("$DEV/yolov9t-ball.pt random:yolov9c") E2E_DECODERS ("cpu nvjpeg"): step e2efeed; NVJPEG_DIR (/usr/local/cuda/lib64)
+#      E2E_MODELS ("$DEV/yolov9t-ball.pt random:yolov9c") E2E_DECODERS ("cpu nvjpeg") E2E_JPEG_DECODERS ("1", nvJPEG decoders at once,
+#      one run per value): step e2efeed; NVJPEG_DIR (/usr/local/cuda/lib64)
 #      PLAN_LIMITS (4GiB,8GiB,16GiB) PLAN_VARIANTS (t,s,m,c,e) SOAK (passes per plan, 1000)
 #      SOAK_SECONDS (cap per plan, 20) PROFILE_VARIANTS (t,c) PROFILE_BATCHES (1,32)
 #      SOAK_CASES ("t:4GiB s:8GiB ...", the long soaks of step soak) LONG_SOAK_SECONDS (cap each, 590)
@@ -120,12 +121,15 @@ if has jpegcheck; then
   timeout 120 "$BIN" jpeg-selfcheck --device cuda:0 > "$W/jpegcheck.md" 2> "$W/jpegcheck.log"
   echo "rc=$?" | tee -a "$W/jpegcheck.log" >> "$SUM"
   cat "$W/jpegcheck.md" >> "$SUM"; tail -5 "$W/jpegcheck.log" >> "$SUM"
-  say "### detect with the host decoder and with nvJPEG (yolov9t-ball.pt, f16 and f32, conf 0.01): detections paired by IoU"
+  say "### detect with the host decoder and with nvJPEG (yolov9t-ball.pt, f16 and f32, conf 0.01; 6 pictures of two shapes in 3 batches of 2, decoded ahead by 2 threads): detections paired by IoU"
+  H="$DEV"/horses.jpg; C="$DEV"/volleyball-court.jpg
   for dt in f16 f32; do
     for dec in cpu nvjpeg; do
-      timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --jpeg-decoder $dec --conf 0.01 --batch 2 \
-        --json "$W/jd-$dec-$dt.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >> "$W/jpegcheck.log" 2>&1
+      timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --jpeg-decoder $dec --jpeg-decoders 2 --conf 0.01 --batch 2 \
+        --json "$W/jd-$dec-$dt.jsonl" "$H" "$C" "$C" "$H" "$H" "$C" >> "$W/jpegcheck.log" 2>&1
+      echo "detect $dt $dec rc=$?" | tee -a "$SUM"
     done
+    grep -ci "graph.*failed\|eagerly" "$W/jpegcheck.log" | sed 's/^/graph warnings so far: /' | tee -a "$SUM"
     python3 - "$W/jd-cpu-$dt.jsonl" "$W/jd-nvjpeg-$dt.jsonl" "$dt" <<'PY' 2>&1 | tee -a "$SUM"
 import json, sys
 def load(p): return [json.loads(l) for l in open(p)]
@@ -133,7 +137,15 @@ def iou(a, b):
     ix = max(0, min(a[2], b[2]) - max(a[0], b[0])); iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
     u = (a[2]-a[0])*(a[3]-a[1]) + (b[2]-b[0])*(b[3]-b[1]) - ix*iy
     return ix*iy/u if u > 0 else 0
-for c, n in zip(load(sys.argv[1]), load(sys.argv[2])):
+cs, ns = load(sys.argv[1]), load(sys.argv[2])
+if len(cs) != len(ns) or any(c["image"] != n["image"] for c, n in zip(cs, ns)):
+    print(f"{sys.argv[3]}: RECORDS DIFFER: cpu {[c['image'] for c in cs]} nvjpeg {[n['image'] for n in ns]}")
+seen = {}
+for n in ns:
+    seen.setdefault(n["image"], []).append(json.dumps(n.get("detections", []), sort_keys=True))
+print(f"{sys.argv[3]}: nvjpeg, the same picture in different batches gives the same detections: "
+      f"{all(len(set(v)) == 1 for v in seen.values())} ({len(ns)} records)")
+for c, n in zip(cs, ns):
     dc, dn = c.get("detections", []), n.get("detections", [])
     box = lambda d: d["box"] if isinstance(d["box"], list) else [d["box"][k] for k in ("x1", "y1", "x2", "y2")]
     ious, dconf = [], []
@@ -152,16 +164,23 @@ if has e2efeed; then
   say "## end to end through the decode feed: 1080p JPEG files in (volleyball-court.jpg, rect 640x384), detections out, f16, $(nproc) cores; model-only at 640x384 beside it"
   # E2E_MODELS: checkpoints or random:yolov9X; the real checkpoint finds a few objects, random
   # weights make every anchor a candidate (NMS-heavy). E2E_DECODERS: cpu, nvjpeg
+  # the first decoder's rows carry the model-only figures of the same run
+  first_dec=""
   for dec in ${E2E_DECODERS:-cpu nvjpeg}; do
+    [ -z "$first_dec" ] && first_dec=$dec
     for m in ${E2E_MODELS:-"$DEV/yolov9t-ball.pt" random:yolov9c}; do
-      tag=$(basename "${m#random:}" .pt)-$dec
-      modes=e2e; [ "$dec" = cpu ] && modes=model,e2e
+     # E2E_JPEG_DECODERS: nvJPEG decoders at once (bench --jpeg-decoders), one run each
+     for lanes in ${E2E_JPEG_DECODERS:-1}; do
+      tag=$(basename "${m#random:}" .pt)-$dec; [ "$dec" = nvjpeg ] && tag=$tag-x$lanes
+      modes=e2e; [ "$dec" = "$first_dec" ] && [ "$lanes" = "${E2E_JPEG_DECODERS%% *}" ] && modes=model,e2e
       say "### $tag"
       timeout "${E2E_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --model "$m" --dtype f16 --batches "$E2E_BATCHES" --mode $modes --input 640x384 \
-        --jpeg-decoder "$dec" --images "$DEV"/volleyball-court.jpg --iters "${E2E_ITERS:-10}" --out "$W/e2efeed-$tag" > "$W/e2efeed-$tag.md" 2> "$W/e2efeed-$tag.log"
+        --jpeg-decoder "$dec" --jpeg-decoders "$lanes" --images "$DEV"/volleyball-court.jpg --iters "${E2E_ITERS:-10}" --out "$W/e2efeed-$tag" > "$W/e2efeed-$tag.md" 2> "$W/e2efeed-$tag.log"
       echo "rc=$?" >> "$W/e2efeed-$tag.log"
       cat "$W/e2efeed-$tag.md" >> "$SUM"
-      grep -E "nvJPEG|warning|error" "$W/e2efeed-$tag.log" | head -5 >> "$SUM"
+      grep -E "nvJPEG|warning|error" "$W/e2efeed-$tag.log" | head -12 >> "$SUM"
+      [ "$dec" = nvjpeg ] || break
+     done
     done
   done
 fi

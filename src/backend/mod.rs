@@ -49,7 +49,7 @@ pub use cuda::{
 };
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    jpeg::{Fallback, GpuJpeg, JpegError, NvjpegStatus},
+    jpeg::{Fallback, GpuJpeg, JpegError, JpegProfile, NvjpegStatus},
     jpeg_selfcheck::{jpeg_selfcheck, SelfCheck},
 };
 pub use upload::Uploader;

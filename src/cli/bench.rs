@@ -78,6 +78,11 @@ pub struct BenchArgs {
     /// or auto.
     #[arg(long, value_enum, default_value = "cpu")]
     jpeg_decoder: common::JpegDecoderArg,
+    /// nvJPEG decoders at once (with --jpeg-decoder nvjpeg or auto), each on a thread of its own
+    /// decoding a batch ahead of the model: the host's side of a decode (parsing, queueing) takes
+    /// about as long as the GPU's, so two keep the GPU's decoder busier than one (BENCHMARKS.md).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
+    jpeg_decoders: u64,
     /// Chart title (default: device and date-free description).
     #[arg(long)]
     title: Option<String>,
@@ -206,11 +211,12 @@ fn stream_e2e(
     let mut stages = StageTimes::default();
     let (mut detect_s, mut wait_s, mut pictures) = (0.0, 0.0, 0usize);
     let t0 = Instant::now();
-    let mut feed = Feed::spawn(paths, o).map_err(candle_core::Error::wrap)?;
-    loop {
-        let tw = Instant::now();
-        let Some(items) = feed.next() else { break };
-        wait_s += tw.elapsed().as_secs_f64();
+    #[cfg(feature = "cuda")]
+    let _ = det.take_jpeg_profile(); // from here on
+    let feed = Feed::spawn(paths, o).map_err(candle_core::Error::wrap)?;
+    let mut waiting = Instant::now();
+    det.each_decoded(feed, &o.limits, |items, decoded| -> candle_core::Result<()> {
+        wait_s += waiting.elapsed().as_secs_f64();
         let mut ok = Vec::with_capacity(items.len());
         for it in &items {
             stages += it.times;
@@ -220,13 +226,19 @@ fn stream_e2e(
             }
         }
         let td = Instant::now();
-        for (r, it) in det.detect_pictures(&ok, &th, &o.limits)?.into_iter().zip(&items) {
+        for (r, it) in det.detect_pictures_decoded(&ok, decoded, &th, &o.limits)?.into_iter().zip(&items) {
             r.map_err(|e| candle_core::Error::Msg(format!("{}: {e}", it.path.display())))?;
         }
         detect_s += td.elapsed().as_secs_f64();
         pictures += items.len();
-    }
+        waiting = Instant::now();
+        Ok(())
+    })?;
     let wall = t0.elapsed().as_secs_f64();
+    #[cfg(feature = "cuda")]
+    if let Some(p) = det.take_jpeg_profile().filter(|p| p.pictures > 0) {
+        eprintln!("  nvJPEG batch {batch}, {} decoders: {p}", det.device_jpeg_decoders());
+    }
     let per = |d: f64| d * 1e3 / pictures.max(1) as f64;
     let feed_s = stages.total().as_secs_f64();
     Ok((
@@ -400,7 +412,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             // passes on CUDA replay a graph captured for each batch, as in the agent
             // (`--cuda-graphs off`: eager)
             det.use_graphs(true);
-            let jpeg_on_device = modes.contains(&"e2e") && common::setup_jpeg_decoder(&det, a.jpeg_decoder)?;
+            let jpeg_on_device = modes.contains(&"e2e") && common::setup_jpeg_decoder(&det, a.jpeg_decoder, a.jpeg_decoders as usize)?;
             for mode in &modes {
                 for &b in &batches {
                     let row = bench_batch(&det, &meter, &name, mode, b, &images, &a, jpeg_on_device);

@@ -106,16 +106,17 @@ pub enum JpegDecoderArg {
     Auto,
 }
 
-/// Sets `det` up for `choice`; whether JPEGs are then decoded on the device.
-pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoderArg) -> anyhow::Result<bool> {
+/// Sets `det` up for `choice` with `lanes` device decoders at once; whether JPEGs are then
+/// decoded on the device.
+pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoderArg, lanes: usize) -> anyhow::Result<bool> {
     if choice == JpegDecoderArg::Cpu {
         return Ok(false);
     }
     #[cfg(feature = "cuda")]
     if det.device().is_cuda() {
-        match det.use_gpu_jpeg() {
+        match det.use_gpu_jpeg(lanes) {
             Ok(backend) => {
-                eprintln!("JPEG files decoded by nvJPEG ({backend} backend) and letterboxed on the device");
+                eprintln!("JPEG files decoded by nvJPEG ({backend} backend, {lanes} at once) and letterboxed on the device");
                 return Ok(true);
             }
             Err(e) if choice == JpegDecoderArg::Nvjpeg => return Err(e).context("--jpeg-decoder nvjpeg"),
@@ -126,6 +127,6 @@ pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoderArg) -> anyhow::Res
         }
     }
     anyhow::ensure!(choice == JpegDecoderArg::Auto, "--jpeg-decoder nvjpeg needs a CUDA build and a CUDA device");
-    let _ = det;
+    let _ = (det, lanes);
     Ok(false)
 }

@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use clap::Args;
 
 use yolo_edge::backend::device;
-use yolo_edge::detector::Detector;
+use yolo_edge::detector::{DecodedJpegs, Detector};
 use yolo_edge::eval::dataset::is_video;
 use yolo_edge::vision::annotate;
 use yolo_edge::vision::feed::{Feed, FeedOptions, Picture};
@@ -50,6 +50,11 @@ pub struct DetectArgs {
     /// auto.
     #[arg(long, value_enum, default_value = "cpu")]
     jpeg_decoder: super::common::JpegDecoderArg,
+    /// nvJPEG decoders at once (with --jpeg-decoder nvjpeg or auto), each on a thread of its own
+    /// decoding a batch ahead of the model: the host's side of a decode (parsing, queueing) takes
+    /// about as long as the GPU's, so two keep the GPU's decoder busier than one (BENCHMARKS.md).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
+    jpeg_decoders: u64,
     /// Write JSON Lines here (`-` for stdout), one object per input, in input order.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -101,7 +106,7 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
         json: json.as_mut(),
     };
     // the raw output is of pictures letterboxed on the host
-    let jpeg_on_device = a.raw_out.is_none() && super::common::setup_jpeg_decoder(&det, a.jpeg_decoder)?;
+    let jpeg_on_device = a.raw_out.is_none() && super::common::setup_jpeg_decoder(&det, a.jpeg_decoder, a.jpeg_decoders as usize)?;
     let feed = FeedOptions {
         batch: a.batch,
         imgsz: a.imgsz as u32,
@@ -177,7 +182,9 @@ impl Ctx<'_> {
         if paths.is_empty() {
             return Ok(());
         }
-        for batch in Feed::spawn(paths, o).context("starting the picture feed")? {
+        let feed = Feed::spawn(paths, o).context("starting the picture feed")?;
+        let (det, limits) = (self.det, self.limits);
+        det.each_decoded(feed, &limits, |batch, decoded| {
             let items = batch
                 .into_iter()
                 .map(|p| {
@@ -187,9 +194,8 @@ impl Ctx<'_> {
                     Item { name, stem, picture: p.picture.map_err(|e| e.to_string()) }
                 })
                 .collect();
-            self.run(items, out)?;
-        }
-        Ok(())
+            self.run(items, decoded, out)
+        })
     }
 
     #[cfg(feature = "gstreamer")]
@@ -242,7 +248,7 @@ impl Ctx<'_> {
                     Item { name, stem, picture }
                 })
                 .collect();
-            self.run(items, out)?;
+            self.run(items, None, out)?;
             if let Some(e) = error {
                 out.failed += 1;
                 eprintln!("error: {}: frame {index}: {e}", path.display());
@@ -270,12 +276,13 @@ impl Ctx<'_> {
     }
 
     /// Runs (one forward pass per input shape) and writes one record per item, in order.
-    fn run(&mut self, items: Vec<Item>, out: &mut Output) -> anyhow::Result<()> {
+    /// `decoded`: the items' JPEGs already on the device ([`Detector::each_decoded`]).
+    fn run(&mut self, items: Vec<Item>, decoded: Option<DecodedJpegs>, out: &mut Output) -> anyhow::Result<()> {
         let ok: Vec<&Picture> = items.iter().filter_map(|it| it.picture.as_ref().ok()).collect();
         let results: Vec<Result<Vec<Detection>, String>> = if self.raw_out {
             self.run_raw(&ok, out)?.into_iter().map(Ok).collect()
         } else {
-            let r = self.det.detect_pictures(&ok, self.th, &self.limits).context("forward pass")?;
+            let r = self.det.detect_pictures_decoded(&ok, decoded, self.th, &self.limits).context("forward pass")?;
             r.into_iter().map(|d| d.map_err(|e| e.to_string())).collect()
         };
         let mut results = results.into_iter();

@@ -2,6 +2,7 @@
 //! are uploaded as they are and normalised on the device; only per-anchor best scores, classes
 //! and boxes come back to the host for NMS.
 
+mod ahead;
 pub mod warmup;
 
 use std::path::Path;
@@ -24,6 +25,58 @@ struct Encoded<'a> {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     geometry: &'a LetterboxGeometry,
     fit: preprocess::Fit,
+}
+
+/// The pictures of a batch letterboxed on the host (with their positions) and the JPEGs left
+/// encoded, in batch order.
+fn split_encoded<'a>(batch: &[&'a Picture]) -> (Vec<(usize, &'a Letterboxed)>, Vec<Encoded<'a>>) {
+    let mut host = Vec::new();
+    let mut jpegs = Vec::new();
+    for (at, p) in batch.iter().enumerate() {
+        match &p.pixels {
+            Pixels::Letterboxed(lb) => host.push((at, lb)),
+            Pixels::Jpeg { bytes, geometry, fit } => jpegs.push(Encoded { at, bytes, geometry, fit: *fit }),
+        }
+    }
+    (host, jpegs)
+}
+
+/// The JPEGs of one batch decoded and letterboxed on the device ahead of its pass
+/// ([`Detector::decode_jpegs`]), for [`Detector::detect_pictures_decoded`].
+pub struct DecodedJpegs {
+    /// Pictures in the batch it was made for.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    len: usize,
+    #[cfg(feature = "cuda")]
+    groups: Vec<DecodedGroup>,
+}
+
+/// One input shape's JPEGs on the device.
+#[cfg(feature = "cuda")]
+struct DecodedGroup {
+    /// (position in the batch, address of the JPEG's bytes) per slot of `x`.
+    pictures: Vec<(usize, usize)>,
+    /// u8 `(B, H, W, 3)`.
+    x: Tensor,
+    decoded: Vec<Result<LetterboxGeometry, crate::backend::Fallback>>,
+}
+
+#[cfg(feature = "cuda")]
+impl DecodedJpegs {
+    /// Whether this decode was made from exactly these JPEGs (same positions, same bytes) of a
+    /// batch of `len` pictures.
+    fn made_for(&self, jpegs: &[Encoded<'_>], len: usize) -> bool {
+        let mut n = 0;
+        let same = self.groups.iter().flat_map(|g| &g.pictures).all(|&(at, addr)| {
+            n += 1;
+            jpegs.binary_search_by_key(&at, |j| j.at).is_ok_and(|i| jpegs[i].bytes.as_ptr() as usize == addr)
+        });
+        let made_for = self.len == len && same && n == jpegs.len();
+        if !made_for {
+            tracing::debug!("pictures decoded ahead for another batch; decoding this one now");
+        }
+        made_for
+    }
 }
 
 /// After a capture or launch runs out of memory, passes run eagerly for this long before a
@@ -415,17 +468,18 @@ impl Detector {
     }
 
     /// Decodes the JPEGs a feed leaves encoded ([`Pixels::Jpeg`]) with nvJPEG on this detector's
-    /// GPU from now on; the nvJPEG backend that runs (`hardware` or `default`), or why there is
-    /// none (the host then decodes them).
+    /// GPU from now on, with `lanes` decoders that may run at once ([`Detector::each_decoded`]
+    /// runs one thread per decoder); the nvJPEG backend that runs (`hardware` or `default`), or
+    /// why there is none (the host then decodes them). Once set up, later calls keep it.
     #[cfg(feature = "cuda")]
-    pub fn use_gpu_jpeg(&self) -> Result<&'static str, crate::backend::JpegError> {
+    pub fn use_gpu_jpeg(&self, lanes: usize) -> Result<&'static str, crate::backend::JpegError> {
         if let Some(j) = self.jpeg.get() {
             return Ok(j.backend());
         }
         let Device::Cuda(d) = self.device() else {
             return Err(crate::backend::JpegError::Cuda("the detector is not on a CUDA device".into()));
         };
-        let j = crate::backend::GpuJpeg::new(d)?;
+        let j = crate::backend::GpuJpeg::new(d, lanes)?;
         Ok(self.jpeg.get_or_init(|| j).backend())
     }
 
@@ -441,24 +495,39 @@ impl Detector {
         th: &Thresholds,
         limits: &DecodeLimits,
     ) -> candle_core::Result<Vec<Result<Vec<Detection>, ImageError>>> {
+        self.detect_pictures_decoded(batch, None, th, limits)
+    }
+
+    /// [`Detector::detect_pictures`] of a batch whose JPEGs [`Detector::decode_jpegs`] has
+    /// already put on the device (`decoded`); without it, or with a decode made for other
+    /// pictures, they are decoded here.
+    pub fn detect_pictures_decoded(
+        &self,
+        batch: &[&Picture],
+        decoded: Option<DecodedJpegs>,
+        th: &Thresholds,
+        limits: &DecodeLimits,
+    ) -> candle_core::Result<Vec<Result<Vec<Detection>, ImageError>>> {
         use rayon::prelude::*;
         let mut out: Vec<Option<Result<Vec<Detection>, ImageError>>> = (0..batch.len()).map(|_| None).collect();
-        let mut host: Vec<(usize, &Letterboxed)> = Vec::new();
-        let mut jpegs: Vec<Encoded<'_>> = Vec::new();
-        for (at, p) in batch.iter().enumerate() {
-            match &p.pixels {
-                Pixels::Letterboxed(lb) => host.push((at, lb)),
-                Pixels::Jpeg { bytes, geometry, fit } => jpegs.push(Encoded { at, bytes, geometry, fit: *fit }),
-            }
-        }
+        let (mut host, jpegs) = split_encoded(batch);
         #[cfg(feature = "cuda")]
         let jpegs = match self.jpeg.get() {
             Some(gpu) if !jpegs.is_empty() => {
-                self.detect_jpegs(gpu, &jpegs, th, limits, &mut out)?;
+                let groups = match decoded.filter(|d| d.made_for(&jpegs, batch.len())) {
+                    Some(d) => d.groups,
+                    None => {
+                        let _arena = crate::backend::serve_arena(self.device());
+                        self.decode_groups(gpu, &jpegs, limits)?
+                    }
+                };
+                self.detect_decoded(gpu, groups, &jpegs, th, limits, &mut out)?;
                 Vec::new()
             }
             _ => jpegs,
         };
+        #[cfg(not(feature = "cuda"))]
+        let _ = decoded; // nothing is decoded ahead without CUDA
         // without a device decoder: on the host, on all cores
         let decoded: Vec<(usize, Result<Letterboxed, ImageError>)> = jpegs
             .par_iter()
@@ -479,27 +548,84 @@ impl Detector {
         Ok(out.into_iter().map(|o| o.unwrap_or_else(|| Ok(Vec::new()))).collect())
     }
 
-    /// The JPEGs of a batch through nvJPEG and the device letterbox, one pass per input shape;
-    /// results into `out` at each one's position.
+    /// Decodes and letterboxes the JPEGs of `batch` that a feed left encoded on the device's
+    /// decoder ([`Detector::use_gpu_jpeg`]), on the calling thread's CUDA stream, and returns
+    /// once they are on the device: for [`Detector::detect_pictures_decoded`] of the same batch.
+    /// `None` without a device decoder or without a JPEG to decode.
+    ///
+    /// Called on another thread than the one running passes (each thread has its own stream:
+    /// [`Detector::each_decoded`]), the decode of the next batch runs while the pass of the
+    /// current one does.
+    pub fn decode_jpegs(&self, batch: &[&Picture], limits: &DecodeLimits) -> candle_core::Result<Option<DecodedJpegs>> {
+        #[cfg(feature = "cuda")]
+        if let (Some(gpu), Device::Cuda(d)) = (self.jpeg.get(), self.device()) {
+            let (_, jpegs) = split_encoded(batch);
+            if jpegs.is_empty() {
+                return Ok(None);
+            }
+            // outside the activation arena: it serves the inference thread's stream alone
+            let groups = self.decode_groups(gpu, &jpegs, limits)?;
+            use candle_core::cuda_backend::WrapErr;
+            d.cuda_stream().synchronize().w()?;
+            return Ok(Some(DecodedJpegs { len: batch.len(), groups }));
+        }
+        let _ = (batch, limits);
+        Ok(None)
+    }
+
+    /// How many device JPEG decoders may run at once ([`Detector::use_gpu_jpeg`]); 0 without one.
+    pub fn device_jpeg_decoders(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        return self.jpeg.get().map_or(0, |j| j.lanes());
+        #[cfg(not(feature = "cuda"))]
+        0
+    }
+
+    /// Host time of the device JPEG decoder's calls since the last take (`None` without one).
     #[cfg(feature = "cuda")]
-    fn detect_jpegs(
+    pub fn take_jpeg_profile(&self) -> Option<crate::backend::JpegProfile> {
+        self.jpeg.get().map(|j| j.take_profile())
+    }
+
+    /// The JPEGs of a batch through nvJPEG and the device letterbox, one input per shape.
+    #[cfg(feature = "cuda")]
+    fn decode_groups(
         &self,
         gpu: &crate::backend::GpuJpeg,
+        jpegs: &[Encoded<'_>],
+        limits: &DecodeLimits,
+    ) -> candle_core::Result<Vec<DecodedGroup>> {
+        let groups = preprocess::group_positions(jpegs.iter().map(|j| (j.geometry.in_w, j.geometry.in_h, j.fit)));
+        let mut out = Vec::with_capacity(groups.len());
+        for ((_, _, fit), positions) in groups {
+            let bytes: Vec<&[u8]> = positions.iter().map(|&k| jpegs[k].bytes).collect();
+            // the feed checked each header: the stored size is the geometry's original size
+            let sizes: Vec<(u32, u32)> = positions.iter().map(|&k| (jpegs[k].geometry.orig_w, jpegs[k].geometry.orig_h)).collect();
+            let (x, decoded) = gpu.decode_letterbox_checked(&bytes, &sizes, self.imgsz as u32, fit, limits)?;
+            out.push(DecodedGroup { pictures: positions.iter().map(|&k| (jpegs[k].at, jpegs[k].bytes.as_ptr() as usize)).collect(), x, decoded });
+        }
+        Ok(out)
+    }
+
+    /// Passes over decoded JPEG groups; a picture nvJPEG did not take is decoded on the host
+    /// into its slot first. Results into `out` at each one's position.
+    #[cfg(feature = "cuda")]
+    fn detect_decoded(
+        &self,
+        gpu: &crate::backend::GpuJpeg,
+        groups: Vec<DecodedGroup>,
         jpegs: &[Encoded<'_>],
         th: &Thresholds,
         limits: &DecodeLimits,
         out: &mut [Option<Result<Vec<Detection>, ImageError>>],
     ) -> candle_core::Result<()> {
-        let groups = preprocess::group_positions(jpegs.iter().map(|j| (j.geometry.in_w, j.geometry.in_h, j.fit)));
         let _arena = crate::backend::serve_arena(self.device());
-        for ((_, _, fit), positions) in groups {
-            let group: Vec<&Encoded<'_>> = positions.iter().map(|&k| &jpegs[k]).collect();
-            let bytes: Vec<&[u8]> = group.iter().map(|j| j.bytes).collect();
-            // the feed checked each header: the stored size is the geometry's original size
-            let sizes: Vec<(u32, u32)> = group.iter().map(|j| (j.geometry.orig_w, j.geometry.orig_h)).collect();
-            let (x, decoded) = gpu.decode_letterbox_checked(&bytes, &sizes, self.imgsz as u32, fit, limits)?;
-            let mut geometries = Vec::with_capacity(group.len());
-            for (k, (j, r)) in group.iter().zip(decoded).enumerate() {
+        for DecodedGroup { pictures, x, decoded } in groups {
+            let mut geometries = Vec::with_capacity(pictures.len());
+            for (k, (&(at, _), r)) in pictures.iter().zip(decoded).enumerate() {
+                let Some(j) = jpegs.binary_search_by_key(&at, |j| j.at).ok().map(|i| &jpegs[i]) else {
+                    candle_core::bail!("decoded JPEG at {at} is not in the batch");
+                };
                 let why = match r {
                     Ok(g) => {
                         geometries.push(g);
@@ -508,7 +634,7 @@ impl Detector {
                     Err(why) => why,
                 };
                 tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
-                match preprocess::decode_image(j.bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, fit)) {
+                match preprocess::decode_image(j.bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, j.fit)) {
                     Ok(lb) => {
                         gpu.write_slot(&x, k, &lb)?;
                         geometries.push(lb.geometry);
@@ -520,8 +646,8 @@ impl Detector {
                 }
             }
             let refs: Vec<&LetterboxGeometry> = geometries.iter().collect();
-            for (d, j) in self.detect_uploaded(&x, &refs, th)?.into_iter().zip(&group) {
-                out[j.at].get_or_insert(Ok(d));
+            for (d, &(at, _)) in self.detect_uploaded(&x, &refs, th)?.into_iter().zip(&pictures) {
+                out[at].get_or_insert(Ok(d));
             }
         }
         Ok(())

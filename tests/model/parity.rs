@@ -178,6 +178,50 @@ fn mixed_shape_batches_give_each_picture_its_own_detections() {
     assert!(det.detect(&[], &th).unwrap().is_empty());
 }
 
+/// A feed's batches through `each_decoded` (JPEGs left encoded, as for a device decoder; on a
+/// machine without one they are decoded on the host at the pass) give, batch by batch and in
+/// order, what `detect_pictures` gives the same pictures; a file that is not a picture keeps
+/// its place as an error; an error of the caller's stops the loop and comes back.
+#[test]
+fn feed_batches_through_each_decoded_match_detect_pictures() {
+    use yolo_edge::vision::feed::{Feed, FeedOptions};
+    let det = real_model(DType::F32);
+    let th = Thresholds { conf: 0.01, iou: 0.7, max_det: 300 };
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.jpg");
+    std::fs::write(&junk, b"\xff\xd8 not a picture").unwrap();
+    let paths = vec![fixture("volleyball-court.jpg"), fixture("horses.jpg"), junk, fixture("horses.jpg"), fixture("volleyball-court.jpg")];
+    let o = FeedOptions { batch: 2, imgsz: 640, fit: Fit::Rect, jpeg_on_device: true, ..FeedOptions::default() };
+    let mut seen = Vec::new();
+    det.each_decoded(Feed::spawn(paths.clone(), o).unwrap(), &o.limits, |items, decoded| -> candle_core::Result<()> {
+        assert!(decoded.is_none(), "no device decoder here");
+        let ok: Vec<_> = items.iter().filter_map(|it| it.picture.as_ref().ok()).collect();
+        assert!(ok.iter().all(|p| matches!(p.pixels, yolo_edge::vision::feed::Pixels::Jpeg { .. })), "left encoded");
+        let got = det.detect_pictures_decoded(&ok, decoded, &th, &o.limits)?;
+        let want = det.detect_pictures(&ok, &th, &o.limits)?;
+        assert_eq!(got.len(), ok.len());
+        for (g, w) in got.iter().zip(&want) {
+            let (g, w) = (g.as_ref().unwrap(), w.as_ref().unwrap());
+            assert_eq!(g.len(), w.len());
+            assert!(g.iter().zip(w).all(|(a, b)| a.class_id == b.class_id && a.bbox == b.bbox && a.confidence == b.confidence));
+        }
+        seen.extend(items.into_iter().map(|it| (it.index, it.picture.is_ok(), got.len())));
+        Ok(())
+    })
+    .unwrap();
+    let order: Vec<usize> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(order, [0, 1, 2, 3, 4]);
+    assert_eq!(seen.iter().filter(|s| !s.1).map(|s| s.0).collect::<Vec<_>>(), [2], "the junk file is the one error");
+    // the caller's error ends the loop after the first batch
+    let mut batches = 0;
+    let r = det.each_decoded(Feed::spawn(paths, o).unwrap(), &o.limits, |_, _| {
+        batches += 1;
+        Err(candle_core::Error::Msg("stop".into()))
+    });
+    assert!(r.is_err_and(|e| e.to_string().contains("stop")));
+    assert_eq!(batches, 1);
+}
+
 /// Worst agreement over the boxes a rect golden compared.
 #[derive(Debug)]
 struct RectStats {

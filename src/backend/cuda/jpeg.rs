@@ -18,6 +18,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaSlice, DevicePtrMut};
 use candle_core::cuda_backend::WrapErr;
@@ -65,6 +66,7 @@ type DecodeBatched = unsafe extern "C" fn(Handle, State, *const *const u8, *cons
 type StreamCreate = unsafe extern "C" fn(Handle, *mut JpegStream) -> Status;
 type StreamDestroy = unsafe extern "C" fn(JpegStream) -> Status;
 type StreamParse = unsafe extern "C" fn(Handle, *const u8, usize, c_int, c_int, JpegStream) -> Status;
+type StreamParseHeader = unsafe extern "C" fn(Handle, *const u8, usize, JpegStream) -> Status;
 type DecodeBatchedSupported = unsafe extern "C" fn(Handle, JpegStream, *mut c_int) -> Status;
 
 /// The entry points, valid while `_lib` is loaded.
@@ -80,6 +82,9 @@ struct Api {
     stream_create: StreamCreate,
     stream_destroy: StreamDestroy,
     stream_parse: StreamParse,
+    /// Parses the headers only: what the support check reads, without walking the whole
+    /// bitstream (as costly on the host as the decode call itself). Older libraries lack it.
+    stream_parse_header: Option<StreamParseHeader>,
     batched_supported: DecodeBatchedSupported,
     _lib: libloading::Library,
 }
@@ -120,6 +125,8 @@ impl Api {
             stream_create: sym!(StreamCreate, "nvjpegJpegStreamCreate"),
             stream_destroy: sym!(StreamDestroy, "nvjpegJpegStreamDestroy"),
             stream_parse: sym!(StreamParse, "nvjpegJpegStreamParse"),
+            // SAFETY: as for `sym!`: the signature nvjpeg.h declares, kept no longer than `lib`.
+            stream_parse_header: unsafe { lib.get::<StreamParseHeader>(b"nvjpegJpegStreamParseHeader\0") }.ok().map(|f| *f),
             batched_supported: sym!(DecodeBatchedSupported, "nvjpegDecodeBatchedSupported"),
             _lib: lib,
         })
@@ -217,16 +224,51 @@ struct Inner {
     letterbox: Letterboxer,
 }
 
-/// nvJPEG decoding and the device letterbox for one CUDA device (its own stream).
+/// Host time the decoding calls took, summed over calls ([`GpuJpeg::take_profile`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JpegProfile {
+    /// Pictures the calls were given.
+    pub pictures: usize,
+    /// Reading each header (nvJPEG's own reading, and the host checks where not done before).
+    pub plan: Duration,
+    /// The hardware decoder's support check of each picture (parsing its headers).
+    pub parse: Duration,
+    /// The decode calls themselves (they queue the work and return).
+    pub decode: Duration,
+    /// Waiting for the device to finish decoding.
+    pub wait: Duration,
+    /// Queueing the letterbox.
+    pub letterbox: Duration,
+}
+
+impl std::fmt::Display for JpegProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per = |d: Duration| d.as_secs_f64() * 1e3 / self.pictures.max(1) as f64;
+        write!(
+            f,
+            "{} pictures; ms per picture: headers {:.3}, support check {:.3}, decode calls {:.3}, waiting for the device {:.3}, letterbox {:.3}",
+            self.pictures,
+            per(self.plan),
+            per(self.parse),
+            per(self.decode),
+            per(self.wait),
+            per(self.letterbox)
+        )
+    }
+}
+
+/// nvJPEG decoding and the device letterbox for one CUDA device: `lanes` decoders, each used by
+/// one thread at a time on that thread's stream, so that as many threads decode at once.
 pub struct GpuJpeg {
-    inner: Mutex<Inner>,
+    lanes: Vec<Mutex<Inner>>,
+    profile: Mutex<JpegProfile>,
     dev: CudaDevice,
     backend: &'static str,
     api: Api,
 }
 
-// SAFETY: the nvJPEG handles and states are used only under `inner`'s lock, one thread at a time,
-// as nvJPEG requires of a state; the handles themselves may be used from any thread.
+// SAFETY: the nvJPEG handles and states of a lane are used only under that lane's lock, one thread
+// at a time, as nvJPEG requires of a state; the handles themselves may be used from any thread.
 unsafe impl Send for GpuJpeg {}
 // SAFETY: as for Send: every use of the raw handles goes through the lock.
 unsafe impl Sync for GpuJpeg {}
@@ -246,14 +288,45 @@ enum Plan {
 }
 
 impl GpuJpeg {
-    /// Loads nvJPEG and makes its decoders for `dev`: the hardware one where the GPU has it, and
-    /// always the default one.
-    pub fn new(dev: &CudaDevice) -> Result<Self, JpegError> {
+    /// Loads nvJPEG and makes `lanes` (at least 1) sets of its decoders for `dev`: the hardware
+    /// one where the GPU has it, and always the default one.
+    pub fn new(dev: &CudaDevice, lanes: usize) -> Result<Self, JpegError> {
         let api = Api::load()?;
         let stream = dev.cuda_stream();
         stream.context().bind_to_thread().map_err(|e| JpegError::Cuda(e.to_string()))?;
-        let default = Self::decoder(&api, NVJPEG_BACKEND_DEFAULT).map_err(|(call, status)| JpegError::Nvjpeg { call, status })?;
-        let hardware = match Self::decoder(&api, NVJPEG_BACKEND_HARDWARE) {
+        let mut made: Vec<Mutex<Inner>> = Vec::with_capacity(lanes.max(1));
+        let mut backend = "default";
+        for _ in 0..lanes.max(1) {
+            match Self::lane(&api) {
+                Ok((inner, b)) => {
+                    backend = b;
+                    made.push(Mutex::new(inner));
+                }
+                Err(e) => {
+                    for l in &mut made {
+                        Self::destroy_lane(&api, l.get_mut().unwrap_or_else(|p| p.into_inner()));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self { lanes: made, profile: Mutex::default(), dev: dev.clone(), backend, api })
+    }
+
+    /// Decoders that may run at once ([`GpuJpeg::new`]).
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The host time spent in decoding calls since the last take.
+    pub fn take_profile(&self) -> JpegProfile {
+        std::mem::take(&mut *self.profile.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// One set of decoders and its backend's name.
+    fn lane(api: &Api) -> Result<(Inner, &'static str), JpegError> {
+        let default = Self::decoder(api, NVJPEG_BACKEND_DEFAULT).map_err(|(call, status)| JpegError::Nvjpeg { call, status })?;
+        let hardware = match Self::decoder(api, NVJPEG_BACKEND_HARDWARE) {
             Ok(dec) => {
                 let mut js: JpegStream = std::ptr::null_mut();
                 // SAFETY: a valid handle and an out-pointer to a local.
@@ -261,7 +334,7 @@ impl GpuJpeg {
                     Ok(()) => Some(Hardware { dec, stream: js }),
                     Err((call, status)) => {
                         tracing::debug!("nvJPEG hardware decoder off: {call}: {status}");
-                        Self::destroy(&api, &dec);
+                        Self::destroy(api, &dec);
                         None
                     }
                 }
@@ -272,8 +345,16 @@ impl GpuJpeg {
             }
         };
         let backend = if hardware.is_some() { "hardware" } else { "default" };
-        let inner = Inner { default, hardware, buf: None, read: None, letterbox: Letterboxer::default() };
-        Ok(Self { inner: Mutex::new(inner), dev: dev.clone(), backend, api })
+        Ok((Inner { default, hardware, buf: None, read: None, letterbox: Letterboxer::default() }, backend))
+    }
+
+    fn destroy_lane(api: &Api, inner: &mut Inner) {
+        if let Some(hw) = &inner.hardware {
+            // SAFETY: the parsed stream was created on this handle and is not used after.
+            unsafe { (api.stream_destroy)(hw.stream) };
+            Self::destroy(api, &hw.dec);
+        }
+        Self::destroy(api, &inner.default);
     }
 
     fn decoder(api: &Api, backend: c_int) -> Result<Decoder, (&'static str, NvjpegStatus)> {
@@ -354,11 +435,18 @@ impl GpuJpeg {
         if size == 0 || pictures.is_empty() {
             candle_core::bail!("decode_letterbox: {} pictures at size {size}", pictures.len());
         }
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        // a free lane, else the first
+        let mut inner = match self.lanes.iter().find_map(|l| l.try_lock().ok()) {
+            Some(g) => g,
+            None => self.lanes[0].lock().unwrap_or_else(|p| p.into_inner()),
+        };
+        let mut prof = JpegProfile { pictures: pictures.len(), ..JpegProfile::default() };
         let stream = self.dev.cuda_stream();
         stream.context().bind_to_thread().w()?;
+        let t = Instant::now();
         let plans: Vec<Plan> =
             pictures.iter().enumerate().map(|(k, p)| self.plan(&inner.default, p, checked.map(|c| c[k]), size, fit, limits)).collect();
+        prof.plan = t.elapsed();
         let shapes = plans.iter().filter_map(|p| match p {
             Plan::Decode { g, .. } => Some((g.in_w, g.in_h)),
             Plan::Fallback { shape, .. } => *shape,
@@ -418,9 +506,14 @@ impl GpuJpeg {
                 *buf = Some(unsafe { self.dev.alloc::<u8>(bytes.max(1))? });
             }
             let buf = buf.as_mut().expect("decode buffer allocated above");
-            let decoded = self.decode_round(default, hardware.as_ref(), &pictures[round.clone()], &sources, buf)?;
+            let t = Instant::now();
+            let (decoded, parse) = self.decode_round(default, hardware.as_ref(), &pictures[round.clone()], &sources, buf)?;
+            prof.parse += parse;
+            prof.decode += t.elapsed().saturating_sub(parse);
             // nvJPEG may read the host bitstreams until its work on the stream is done
+            let t = Instant::now();
             stream.synchronize().w()?;
+            prof.wait += t.elapsed();
             let mut slots = Vec::with_capacity(sources.len());
             for ((plan, src), dec) in plans[round.clone()].iter().zip(&sources).zip(decoded) {
                 let r = match (plan, src, dec) {
@@ -437,10 +530,21 @@ impl GpuJpeg {
                 }
                 results.push(r);
             }
+            let t = Instant::now();
             letterbox.run(&self.dev, buf, &slots, round.start, (in_w, in_h), &mut out)?;
             *read = Some(stream.record_event(None).w()?);
+            prof.letterbox += t.elapsed();
             start = round.end;
         }
+        drop(inner);
+        let mut total = self.profile.lock().unwrap_or_else(|p| p.into_inner());
+        total.pictures += prof.pictures;
+        total.plan += prof.plan;
+        total.parse += prof.parse;
+        total.decode += prof.decode;
+        total.wait += prof.wait;
+        total.letterbox += prof.letterbox;
+        drop(total);
         let storage = candle_core::CudaStorage::wrap_cuda_slice(out, self.dev.clone());
         let shape = candle_core::Shape::from((b, in_h as usize, in_w as usize, 3));
         let x = Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false);
@@ -497,7 +601,7 @@ impl GpuJpeg {
 
     /// Decodes the pictures that have a source into `buf`: the hardware decoder's batch first,
     /// then the rest one by one on the default backend. Per picture: `None` when decoded (or not
-    /// to be decoded), else why not.
+    /// to be decoded), else why not; and the time the support checks took.
     fn decode_round(
         &self,
         default: &Decoder,
@@ -505,8 +609,9 @@ impl GpuJpeg {
         pictures: &[&[u8]],
         sources: &[Option<Source>],
         buf: &mut CudaSlice<u8>,
-    ) -> candle_core::Result<Vec<Option<Fallback>>> {
+    ) -> candle_core::Result<(Vec<Option<Fallback>>, Duration)> {
         let api = &self.api;
+        let mut parse = Duration::ZERO;
         let stream = self.dev.cuda_stream();
         let cu_stream = stream.cu_stream() as CudaStream;
         let (base, _written) = buf.device_ptr_mut(&stream);
@@ -518,13 +623,18 @@ impl GpuJpeg {
         let mut todo: Vec<usize> = (0..pictures.len()).filter(|&k| sources[k].is_some()).collect();
         if let Some(hw) = hardware {
             let mut batch = Vec::new();
+            let t = Instant::now();
             for &k in &todo {
                 let p = pictures[k];
                 let mut unsupported: c_int = 1;
                 // SAFETY: `p` is valid for its length; the parsed stream belongs to the hardware
                 // handle and is used under the lock; `unsupported` is a local out-pointer.
                 let ok = unsafe {
-                    check("nvjpegJpegStreamParse", (api.stream_parse)(hw.dec.handle, p.as_ptr(), p.len(), 0, 0, hw.stream)).and_then(|()| {
+                    let parsed = match api.stream_parse_header {
+                        Some(parse_header) => check("nvjpegJpegStreamParseHeader", parse_header(hw.dec.handle, p.as_ptr(), p.len(), hw.stream)),
+                        None => check("nvjpegJpegStreamParse", (api.stream_parse)(hw.dec.handle, p.as_ptr(), p.len(), 0, 0, hw.stream)),
+                    };
+                    parsed.and_then(|()| {
                         check("nvjpegDecodeBatchedSupported", (api.batched_supported)(hw.dec.handle, hw.stream, &mut unsupported))
                     })
                 };
@@ -533,6 +643,7 @@ impl GpuJpeg {
                     batch.push(k);
                 }
             }
+            parse = t.elapsed();
             if !batch.is_empty() {
                 let data: Vec<*const u8> = batch.iter().map(|&k| pictures[k].as_ptr()).collect();
                 let lengths: Vec<usize> = batch.iter().map(|&k| pictures[k].len()).collect();
@@ -577,7 +688,7 @@ impl GpuJpeg {
                 fallbacks[k] = Some(e.into());
             }
         }
-        Ok(fallbacks)
+        Ok((fallbacks, parse))
     }
 
     /// Writes a picture letterboxed on the host (a [`Fallback`]'s) into slot `i` of `x`, the
@@ -603,12 +714,8 @@ impl Drop for GpuJpeg {
         let stream = self.dev.cuda_stream();
         let _ = stream.synchronize();
         let _ = stream.context().bind_to_thread();
-        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(hw) = &inner.hardware {
-            // SAFETY: the parsed stream was created on this handle and is not used after.
-            unsafe { (self.api.stream_destroy)(hw.stream) };
-            Self::destroy(&self.api, &hw.dec);
+        for lane in &mut self.lanes {
+            Self::destroy_lane(&self.api, lane.get_mut().unwrap_or_else(|p| p.into_inner()));
         }
-        Self::destroy(&self.api, &inner.default);
     }
 }

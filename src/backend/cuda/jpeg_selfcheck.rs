@@ -146,7 +146,7 @@ pub fn jpeg_selfcheck(dev: &CudaDevice) -> candle_core::Result<SelfCheck> {
     writeln!(r, "{:<11} {:<7} {:<9} {max:>7} {bad:>12}", "batch of 7", "square", format!("{SIZE}x{SIZE}")).ok();
 
     writeln!(r).ok();
-    match GpuJpeg::new(dev) {
+    match GpuJpeg::new(dev, 1) {
         Err(e) => {
             writeln!(r, "nvJPEG: {e}").ok();
         }
