@@ -237,7 +237,7 @@ fn stream_e2e(
     let wall = t0.elapsed().as_secs_f64();
     #[cfg(feature = "cuda")]
     if let Some(p) = det.take_jpeg_profile().filter(|p| p.pictures > 0) {
-        eprintln!("  nvJPEG batch {batch}, {} decoders: {p}", det.device_jpeg_decoders());
+        eprintln!("  nvJPEG batch {batch}, {} decoders set up: {p}", det.device_jpeg_decoders());
     }
     let per = |d: f64| d * 1e3 / pictures.max(1) as f64;
     let feed_s = stages.total().as_secs_f64();

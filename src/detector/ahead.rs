@@ -17,10 +17,16 @@ use super::{DecodedJpegs, Detector};
 use crate::vision::feed::{Picture, Prepared};
 use crate::vision::preprocess::DecodeLimits;
 
+/// Pictures per batch from which every device decoder gets a thread. Measured on an H200 (1080p
+/// JPEGs, yolov9t, BENCHMARKS.md): at batch 1 one decoding thread streamed 630 img/s and two 309
+/// (the pass itself slowed from 1.5 to 3.1 ms); from batch 8 up two streamed 1.1-1.2x one.
+const MIN_BATCH_PER_EXTRA_DECODER: usize = 8;
+
 impl Detector {
     /// Calls `each` with every batch of a feed, in order, and its JPEGs already on the device
     /// ([`Detector::decode_jpegs`] of the batch's pictures, those that are `Ok`, in order),
-    /// decoded by one thread per device decoder, each a batch ahead; `each` passes them on to
+    /// decoded by one thread per device decoder (one thread for batches under 8 pictures), each a
+    /// batch ahead; `each` passes them on to
     /// [`Detector::detect_pictures_decoded`] with the same pictures. Without a device decoder it
     /// is a plain loop, every batch with `None`.
     ///
@@ -33,13 +39,18 @@ impl Detector {
         F: FnMut(Vec<Prepared>, Option<DecodedJpegs>) -> Result<(), E>,
         E: From<candle_core::Error>,
     {
-        let threads = self.device_jpeg_decoders();
-        if threads == 0 {
+        let lanes = self.device_jpeg_decoders();
+        if lanes == 0 {
             for b in batches {
                 each(b, None)?;
             }
             return Ok(());
         }
+        // the first batch's size sets the threads: a small batch decodes in less time than its
+        // pass takes, and more decoding threads would only compete with the pass
+        let mut batches = batches.peekable();
+        let first = batches.peek().map_or(0, |b| b.len());
+        let threads = if first >= MIN_BATCH_PER_EXTRA_DECODER { lanes } else { 1 };
         // batch k goes to decoding thread k % threads and comes back from it: a dispatcher hands
         // the feed's batches out in turn, the caller takes the results in the same turn
         std::thread::scope(|s| {
