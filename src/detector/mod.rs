@@ -528,7 +528,7 @@ impl Detector {
         };
         #[cfg(not(feature = "cuda"))]
         let _ = decoded; // nothing is decoded ahead without CUDA
-        // without a device decoder: on the host, on all cores
+                         // without a device decoder: on the host, on all cores
         let decoded: Vec<(usize, Result<Letterboxed, ImageError>)> = jpegs
             .par_iter()
             .map(|j| (j.at, preprocess::decode_image(j.bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, j.fit))))
@@ -602,7 +602,11 @@ impl Detector {
             // the feed checked each header: the stored size is the geometry's original size
             let sizes: Vec<(u32, u32)> = positions.iter().map(|&k| (jpegs[k].geometry.orig_w, jpegs[k].geometry.orig_h)).collect();
             let (x, decoded) = gpu.decode_letterbox_checked(&bytes, &sizes, self.imgsz as u32, fit, limits)?;
-            out.push(DecodedGroup { pictures: positions.iter().map(|&k| (jpegs[k].at, jpegs[k].bytes.as_ptr() as usize)).collect(), x, decoded });
+            out.push(DecodedGroup {
+                pictures: positions.iter().map(|&k| (jpegs[k].at, jpegs[k].bytes.as_ptr() as usize)).collect(),
+                x,
+                decoded,
+            });
         }
         Ok(out)
     }

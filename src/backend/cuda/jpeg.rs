@@ -631,7 +631,9 @@ impl GpuJpeg {
                 // handle and is used under the lock; `unsupported` is a local out-pointer.
                 let ok = unsafe {
                     let parsed = match api.stream_parse_header {
-                        Some(parse_header) => check("nvjpegJpegStreamParseHeader", parse_header(hw.dec.handle, p.as_ptr(), p.len(), hw.stream)),
+                        Some(parse_header) => {
+                            check("nvjpegJpegStreamParseHeader", parse_header(hw.dec.handle, p.as_ptr(), p.len(), hw.stream))
+                        }
                         None => check("nvjpegJpegStreamParse", (api.stream_parse)(hw.dec.handle, p.as_ptr(), p.len(), 0, 0, hw.stream)),
                     };
                     parsed.and_then(|()| {
