@@ -79,6 +79,13 @@ impl DecodedJpegs {
     }
 }
 
+impl Encoded<'_> {
+    /// The picture decoded and letterboxed on the host.
+    fn on_host(&self, imgsz: u32, limits: &DecodeLimits) -> Result<Letterboxed, ImageError> {
+        preprocess::decode_image(self.bytes, limits).map(|img| preprocess::letterbox_fit(&img, imgsz, self.fit))
+    }
+}
+
 /// After a capture or launch runs out of memory, passes run eagerly for this long before a
 /// graph is tried again (memory pressure from other tenants is usually temporary).
 #[cfg(feature = "cuda")]
@@ -529,10 +536,8 @@ impl Detector {
         #[cfg(not(feature = "cuda"))]
         let _ = decoded; // nothing is decoded ahead without CUDA
                          // without a device decoder: on the host, on all cores
-        let decoded: Vec<(usize, Result<Letterboxed, ImageError>)> = jpegs
-            .par_iter()
-            .map(|j| (j.at, preprocess::decode_image(j.bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, j.fit))))
-            .collect();
+        let decoded: Vec<(usize, Result<Letterboxed, ImageError>)> =
+            jpegs.par_iter().map(|j| (j.at, j.on_host(self.imgsz as u32, limits))).collect();
         let mut decoded_ok = Vec::with_capacity(decoded.len());
         for (at, r) in decoded {
             match r {
@@ -638,7 +643,7 @@ impl Detector {
                     Err(why) => why,
                 };
                 tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
-                match preprocess::decode_image(j.bytes, limits).map(|img| preprocess::letterbox_fit(&img, self.imgsz as u32, j.fit)) {
+                match j.on_host(self.imgsz as u32, limits) {
                     Ok(lb) => {
                         gpu.write_slot(&x, k, &lb)?;
                         geometries.push(lb.geometry);
