@@ -533,9 +533,10 @@ impl Detector {
             }
             _ => jpegs,
         };
+        // nothing is decoded ahead without CUDA
         #[cfg(not(feature = "cuda"))]
-        let _ = decoded; // nothing is decoded ahead without CUDA
-                         // without a device decoder: on the host, on all cores
+        let _ = decoded;
+        // without a device decoder: on the host, on all cores
         let decoded: Vec<(usize, Result<Letterboxed, ImageError>)> =
             jpegs.par_iter().map(|j| (j.at, j.on_host(self.imgsz as u32, limits))).collect();
         let mut decoded_ok = Vec::with_capacity(decoded.len());

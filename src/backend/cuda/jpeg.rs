@@ -241,6 +241,17 @@ pub struct JpegProfile {
     pub letterbox: Duration,
 }
 
+impl std::ops::AddAssign for JpegProfile {
+    fn add_assign(&mut self, o: Self) {
+        self.pictures += o.pictures;
+        self.plan += o.plan;
+        self.parse += o.parse;
+        self.decode += o.decode;
+        self.wait += o.wait;
+        self.letterbox += o.letterbox;
+    }
+}
+
 impl std::fmt::Display for JpegProfile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let per = |d: Duration| d.as_secs_f64() * 1e3 / self.pictures.max(1) as f64;
@@ -537,14 +548,7 @@ impl GpuJpeg {
             start = round.end;
         }
         drop(inner);
-        let mut total = self.profile.lock().unwrap_or_else(|p| p.into_inner());
-        total.pictures += prof.pictures;
-        total.plan += prof.plan;
-        total.parse += prof.parse;
-        total.decode += prof.decode;
-        total.wait += prof.wait;
-        total.letterbox += prof.letterbox;
-        drop(total);
+        *self.profile.lock().unwrap_or_else(|p| p.into_inner()) += prof;
         let storage = candle_core::CudaStorage::wrap_cuda_slice(out, self.dev.clone());
         let shape = candle_core::Shape::from((b, in_h as usize, in_w as usize, 3));
         let x = Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false);
