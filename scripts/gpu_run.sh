@@ -172,7 +172,8 @@ if has e2efeed; then
      # E2E_JPEG_DECODERS: nvJPEG decoders at once (bench --jpeg-decoders), one run each
      for lanes in ${E2E_JPEG_DECODERS:-1}; do
       tag=$(basename "${m#random:}" .pt)-$dec; [ "$dec" = nvjpeg ] && tag=$tag-x$lanes
-      modes=e2e; [ "$dec" = "$first_dec" ] && [ "$lanes" = "${E2E_JPEG_DECODERS%% *}" ] && modes=model,e2e
+      lanes_first=${E2E_JPEG_DECODERS:-1}; lanes_first=${lanes_first%% *}
+      modes=e2e; [ "$dec" = "$first_dec" ] && [ "$lanes" = "$lanes_first" ] && modes=model,e2e
       say "### $tag"
       timeout "${E2E_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --model "$m" --dtype f16 --batches "$E2E_BATCHES" --mode $modes --input 640x384 \
         --jpeg-decoder "$dec" --jpeg-decoders "$lanes" --images "$DEV"/volleyball-court.jpg --iters "${E2E_ITERS:-10}" --out "$W/e2efeed-$tag" > "$W/e2efeed-$tag.md" 2> "$W/e2efeed-$tag.log"

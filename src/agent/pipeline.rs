@@ -594,23 +594,21 @@ impl Worker {
     /// it (an out-of-memory error or high memory within `oom.quiet_period_s`, or a batch already
     /// lowered by them).
     fn follow_shapes(&mut self, frames: &[&Letterboxed]) {
-        let new = self.shapes.note(frames.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)), Instant::now());
+        let now = Instant::now();
+        let new = self.shapes.note(frames.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)), now);
         for shape in new {
             if let Some(batch) = self.plan_shape(shape) {
                 self.shapes.set(shape, batch);
             }
         }
-        let Some((ceiling, (w, h))) = self.shapes.ceiling(Instant::now()) else { return };
+        let Some((ceiling, (w, h))) = self.shapes.ceiling(now) else { return };
         self.stats.ceiling_shape_w.store(w as u64, Relaxed);
         self.stats.ceiling_shape_h.store(h as u64, Relaxed);
         let before = self.stats.batch_ceiling.swap(ceiling as u64, Relaxed) as usize;
         if ceiling == before {
             return;
         }
-        let quiet = self.cfg.borrow().oom_quiet_period;
-        let calm = self.last_oom.is_none_or(|t| t.elapsed() >= quiet)
-            && self.last_pressure.is_none_or(|t| t.elapsed() >= quiet)
-            && !self.stats.memory_high.load(Relaxed);
+        let calm = self.no_recent_memory_trouble() && !self.stats.memory_high.load(Relaxed);
         if self.current > ceiling || (self.current == before && calm) {
             self.set_batch(ceiling, BatchChangeReason::Shape);
         }
@@ -762,13 +760,15 @@ impl Worker {
         if self.current >= ceiling || self.stats.memory_high.load(Relaxed) {
             return;
         }
-        let quiet = self.cfg.borrow().oom_quiet_period;
-        let calm = self.last_oom.is_none_or(|t| t.elapsed() >= quiet)
-            && self.last_pressure.is_none_or(|t| t.elapsed() >= quiet)
-            && self.last_change.elapsed() >= quiet;
-        if calm {
+        if self.no_recent_memory_trouble() && self.last_change.elapsed() >= self.cfg.borrow().oom_quiet_period {
             self.set_batch((self.current * 2).min(ceiling), BatchChangeReason::Probe);
         }
+    }
+
+    /// No out-of-memory error and no step down for high memory within `oom.quiet_period_s`.
+    fn no_recent_memory_trouble(&self) -> bool {
+        let quiet = self.cfg.borrow().oom_quiet_period;
+        self.last_oom.is_none_or(|t| t.elapsed() >= quiet) && self.last_pressure.is_none_or(|t| t.elapsed() >= quiet)
     }
 
     /// While the memory watchdog holds memory high (`agent::watchdog`) and `watchdog.lower_batch`

@@ -3,8 +3,10 @@
 //! picture at 640 runs at 640x384). A batch's memory above the resident model is its
 //! activations (and, on host memory, the pictures the pipeline holds), all of which scale with
 //! the input's pixels: `b` pictures of `w x h` cost what `ceil(b x w x h / imgsz²)` square ones
-//! do. So a plan made at the square gives every shape its batch without a new measurement: the
-//! largest `b` whose square equivalent is at most the planned batch, capped by `max_batch`.
+//! do. So a plan made at the square gives every shape an estimate of its batch: the largest `b`
+//! whose square equivalent is at most the planned batch, capped by `max_batch`. Memory is not
+//! in proportion to pixels everywhere, so the agent measures an estimate above the planned
+//! batch before it runs it (`agent::pipeline`; BENCHMARKS.md "Batches per input shape").
 
 use serde::Serialize;
 
