@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -28,6 +28,7 @@
 #      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
 #      PLANSOAK_CASES ("t:4GiB t:16GiB c:4GiB c:16GiB") PLANSOAK_SECONDS (6): step plansoak
 #      RECT_MODELS (real,t,c) RECT_TIMEOUT (420): step rectparity
+#      SHAPE_CASES ("t:4GiB c:4GiB t:16GiB") SHAPES (640x384,640x480,480x640,640x640) SHAPE_TIMEOUT (240): step shapes
 #      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
 #      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
@@ -378,6 +379,31 @@ try:
     sp = [(q["spread"], q["batch"]) for q in pts if q["measured"] >= 320 * M and q.get("spread") is not None]
     spread = f"{100*max(sp)[0]:.1f}% (b{max(sp)[1]})" if sp else "-"
     print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*al[0]:.1f}% (b{al[1]}) | {100*q4:.1f}% | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} | {spread} |")
+except Exception as e:
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
+PY
+  done
+fi
+
+if has shapes; then
+  say "## the batch per input shape (f16, imgsz 640, fraction 0.8): the plan at the square scaled by each shape's pixels, measured above the planned batch, and the taken batch measured against its prediction (plan --shapes)"
+  say "| variant | limit | planned at 640x640 | shape | area | estimate | taken | tried | predicted MiB | measured MiB | error | MiB/picture (square: planned batch) | within budget |"
+  say "|---|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|"
+  for c in ${SHAPE_CASES:-t:4GiB c:4GiB t:16GiB}; do
+    v=${c%%:*}; lim=${c#*:}
+    timeout "${SHAPE_TIMEOUT:-240}" "$BIN" plan --model random:yolov9$v --device cuda:0 --dtype f16 --memory-limit $lim --shapes "${SHAPES:-640x384,640x480,480x640,640x640}" --json > "$W/shapes-$v-$lim.json" 2> "$W/shapes-$v-$lim.log"
+    python3 - "$W/shapes-$v-$lim.json" "$v" "$lim" <<'PY' | tee -a "$SUM"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1])); p = d["plan"]; M = 2**20
+    sq = p["verified_peak"] / p["batch"] / M if p["batch"] else 0
+    for r in d["shapes"]:
+        e = r["estimate"]
+        tried = ", ".join(f"{t['batch']}: {t['peak']/M:.0f}" if t["peak"] is not None else f"{t['batch']}: {t['error'][:40]}" for t in r["tried"]) or "-"
+        err = f"{100*r['error']:+.1f}%" if r.get("error") is not None else "-"
+        meas = f"{r['measured']/M:.0f}" if r.get("measured") is not None else "-"
+        pp = f"{r['per_picture']/M:.1f} ({sq:.1f})" if r.get("per_picture") is not None else "-"
+        print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['batch']} | {e['width']}x{e['height']} | {e['area_ratio']:.2f} | {e['batch']} | {r['batch']} | {tried} | {e['predicted_peak']/M:.0f} | {meas} | {err} | {pp} | {r.get('within_budget')} |")
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY

@@ -23,7 +23,7 @@ use crate::agent::messages::{BatchChangeReason, EventBody, InputStage, OomAction
 use crate::agent::telemetry::{Stage, Stats};
 use crate::backend::oom::{is_oom, OomInjector};
 use crate::detector::Detector;
-use crate::planner::{Plan, ShapePlan};
+use crate::planner::Plan;
 use crate::vision::postprocess::Detection;
 use crate::vision::preprocess::{self, DecodeLimits, Fit, Letterboxed};
 
@@ -614,49 +614,40 @@ impl Worker {
         }
     }
 
-    /// The batch for a new input shape, from the startup plan (`None` without one): the plan
-    /// scaled by the shape's pixels ([`Plan::for_shape`]). Below the startup batch it is taken
-    /// as it is; above it, it must first be measured to fit the plan's budget (one measured pass
-    /// at that batch and shape, and at the batch halfway to the startup one if it does not):
-    /// memory is not in proportion to pixels everywhere (on the CPU, 40 pictures at 320x224
-    /// were measured to need more than 28 at 320x320).
+    /// The batch for a new input shape, from the startup plan (`None` without one):
+    /// [`Plan::decide_shape`] with passes of this detector at that shape.
     fn plan_shape(&mut self, (w, h): (u32, u32)) -> Option<usize> {
         let plan = self.shapes.plan.as_ref()?;
-        let est: ShapePlan = plan.for_shape(self.shapes.side, w, h);
-        let budget = plan.budget.bytes;
-        let mut batch = est.batch.min(self.startup);
-        let mut verified = None;
-        if est.batch > self.startup {
-            let prober = crate::planner::DetectorProber::at_shape(&self.detector, w, h);
-            let t = Instant::now();
-            for b in [est.batch, (est.batch + self.startup).div_ceil(2)] {
-                if b <= self.startup {
-                    break;
-                }
-                match prober.measure(b) {
-                    Ok(p) if p.reserved <= budget => {
-                        (batch, verified) = (b, Some(p.reserved));
-                        break;
-                    }
-                    Ok(p) => tracing::info!(width = w, height = h, batch = b, peak = p.reserved, budget, "shape batch over budget"),
-                    Err(e) => tracing::info!(width = w, height = h, batch = b, error = ?e, "shape batch did not run"),
-                }
-            }
+        let t = Instant::now();
+        let mut prober = crate::planner::DetectorProber::at_shape(&self.detector, w, h);
+        let d = plan.decide_shape(&mut prober, self.shapes.side, w, h, self.startup);
+        for tried in d.tried.iter().filter(|p| p.peak.is_none() || p.batch != d.batch) {
+            tracing::info!(
+                width = w,
+                height = h,
+                batch = tried.batch,
+                peak = tried.peak,
+                error = tried.error,
+                budget = plan.budget.bytes,
+                "shape batch did not fit"
+            );
+        }
+        if !d.tried.is_empty() {
             let _ = crate::backend::devmem::PeakMeter::new(self.detector.device()).reset();
-            tracing::info!(width = w, height = h, batch, ms = t.elapsed().as_millis() as u64, "shape batch measured");
+            tracing::info!(width = w, height = h, batch = d.batch, ms = t.elapsed().as_millis() as u64, "shape batch measured");
         }
         self.events.emit(EventBody::ShapePlanned {
             width: w,
             height: h,
-            area_ratio: (est.area_ratio * 1e4).round() / 1e4,
-            estimated: est.batch,
-            predicted_peak: est.predicted_peak,
-            batch,
-            verified_peak: verified,
-            budget,
+            area_ratio: (d.estimate.area_ratio * 1e4).round() / 1e4,
+            estimated: d.estimate.batch,
+            predicted_peak: d.estimate.predicted_peak,
+            batch: d.batch,
+            verified_peak: d.verified_peak,
+            budget: plan.budget.bytes,
             startup: self.startup,
         });
-        Some(batch)
+        Some(d.batch)
     }
 
     /// Runs `frames`, splitting in halves on OOM (same frames, same order) down to one.

@@ -36,7 +36,8 @@ pub struct Tuning {
     /// How much slower than the fastest a cuDNN algorithm may be and still be chosen for needing
     /// less workspace (0.05 = 5 %; 0 = always the fastest, like PyTorch's `cudnn.benchmark`).
     pub cudnn_algo_slack: f64,
-    /// Batch-1 passes on CUDA replay one captured CUDA graph (launch-bound otherwise).
+    /// Passes on CUDA replay captured CUDA graphs, one per input shape and batch size (small
+    /// batches are launch-bound otherwise).
     pub cuda_graphs: bool,
     /// Threads that pack a batch's pictures into the pinned upload buffer; 0 = the available
     /// cores, at most 8.

@@ -51,7 +51,7 @@ pub struct BenchArgs {
     imgsz: usize,
     /// Model-mode input as WxH (multiples of 32, at most imgsz a side), e.g. 640x384 for the rect
     /// letterbox of a 16:9 frame; default imgsz x imgsz.
-    #[arg(long, value_parser = parse_input)]
+    #[arg(long, value_parser = super::common::parse_input_shape)]
     input: Option<(usize, usize)>,
     /// Untimed runs before timing each batch.
     #[arg(long, default_value_t = 3)]
@@ -130,13 +130,17 @@ enum Work<'a> {
     E2e { files: Vec<&'a PathBuf>, th: Thresholds, feed: FeedOptions },
 }
 
-fn parse_input(s: &str) -> Result<(usize, usize), String> {
-    let (w, h) = s.split_once('x').ok_or("expected WxH")?;
-    let (w, h): (usize, usize) = (w.parse().map_err(|e| format!("{w}: {e}"))?, h.parse().map_err(|e| format!("{h}: {e}"))?);
-    if w == 0 || h == 0 || w % 32 != 0 || h % 32 != 0 {
-        return Err(format!("{s}: sides must be positive multiples of 32"));
+/// Device memory in use outside this process's pool and arena (bytes), with the detector's
+/// graphs dropped and the pool trimmed: libraries' own allocations. `None` off CUDA.
+fn outside_allocator(det: &Detector, meter: &PeakMeter) -> Option<u64> {
+    if !det.device().is_cuda() {
+        return None;
     }
-    Ok((w, h))
+    det.drop_graphs();
+    meter.trim().ok()?;
+    let mem = devmem::device_memory(det.device()).ok()?;
+    let reserved = meter.usage().ok()?.reserved;
+    Some(mem.total.saturating_sub(mem.free).saturating_sub(reserved))
 }
 
 fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
@@ -412,6 +416,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             // passes on CUDA replay a graph captured for each batch, as in the agent
             // (`--cuda-graphs off`: eager)
             det.use_graphs(true);
+            let outside_before = modes.contains(&"e2e").then(|| outside_allocator(&det, &meter)).flatten();
             let jpeg_on_device = modes.contains(&"e2e") && common::setup_jpeg_decoder(&det, a.jpeg_decoder, a.jpeg_decoders as usize)?;
             for mode in &modes {
                 for &b in &batches {
@@ -432,6 +437,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                     if stop {
                         break; // larger batches would fail too
                     }
+                }
+            }
+            if jpeg_on_device {
+                if let (Some(before), Some(after)) = (outside_before, outside_allocator(&det, &meter)) {
+                    eprintln!(
+                        "  nvJPEG's own device memory after the e2e rows: {:+.1} MiB (its decoders' state and buffers, outside the pool, the arena and any plan's budget)",
+                        (after as f64 - before as f64) / 1048576.0
+                    );
                 }
             }
             drop(det);

@@ -30,6 +30,16 @@ pub fn load_detector(spec: &str, dev: &Device, dtype: DType, imgsz: usize, seed:
     }
 }
 
+/// A network input shape as `WxH` (e.g. `640x384`), each side a positive multiple of 32.
+pub fn parse_input_shape(s: &str) -> Result<(usize, usize), String> {
+    let (w, h) = s.split_once('x').ok_or("expected WxH")?;
+    let (w, h): (usize, usize) = (w.parse().map_err(|e| format!("{w}: {e}"))?, h.parse().map_err(|e| format!("{h}: {e}"))?);
+    if w == 0 || h == 0 || w % 32 != 0 || h % 32 != 0 {
+        return Err(format!("{s}: sides must be positive multiples of 32"));
+    }
+    Ok((w, h))
+}
+
 /// `on` or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Switch {
@@ -41,7 +51,7 @@ pub enum Switch {
 /// ([`Tuning::default`], the same as an agent config without `[tuning]`).
 #[derive(Debug, Clone, Args)]
 pub struct TuningArgs {
-    /// Batch-1 passes on CUDA replay one captured CUDA graph.
+    /// Passes on CUDA replay captured CUDA graphs, one per input shape and batch size.
     #[arg(long, value_enum)]
     cuda_graphs: Option<Switch>,
     /// How activations are placed on a CUDA device.

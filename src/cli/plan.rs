@@ -55,8 +55,51 @@ pub struct PlanArgs {
     /// Stop the soak after this many seconds even if fewer passes ran.
     #[arg(long, default_value_t = 120.0)]
     soak_seconds: f64,
+    /// After planning, the batch the agent takes at each of these input shapes (WxH, e.g.
+    /// 640x384 for 16:9 pictures at imgsz 640): the plan scaled by the shape's pixels, measured
+    /// where that is above the planned batch, and the taken batch's measured peak against its
+    /// prediction.
+    #[arg(long, value_delimiter = ',', value_parser = super::common::parse_input_shape)]
+    shapes: Vec<(usize, usize)>,
     #[command(flatten)]
     tuning: super::common::TuningArgs,
+}
+
+/// `--shapes`: one input shape's batch as the agent decides it, and the taken batch measured.
+#[derive(serde::Serialize)]
+struct ShapeReport {
+    #[serde(flatten)]
+    decision: planner::ShapeDecision,
+    /// The taken batch's measured peak (the decision's own measurement where it made one).
+    measured: Option<u64>,
+    /// (estimate's predicted peak - measured) / measured, where the taken batch is the estimate.
+    error: Option<f64>,
+    within_budget: Option<bool>,
+    /// Measured bytes per picture at this shape.
+    per_picture: Option<f64>,
+}
+
+fn shapes(det: &yolo_edge::detector::Detector, plan: &planner::Plan, shapes: &[(usize, usize)]) -> Vec<ShapeReport> {
+    let side = det.imgsz() as u32;
+    shapes
+        .iter()
+        .map(|&(w, h)| {
+            let (w, h) = (w as u32, h as u32);
+            let mut prober = DetectorProber::at_shape(det, w, h);
+            let decision = plan.decide_shape(&mut prober, side, w, h, plan.batch);
+            let measured = decision.verified_peak.or_else(|| prober.measure(decision.batch).ok().map(|p| p.reserved));
+            let error = measured
+                .filter(|_| decision.batch == decision.estimate.batch)
+                .map(|m| (decision.estimate.predicted_peak as f64 - m as f64) / m as f64);
+            ShapeReport {
+                within_budget: measured.map(|m| m <= plan.budget.bytes),
+                per_picture: measured.map(|m| m as f64 / decision.batch as f64),
+                measured,
+                error,
+                decision,
+            }
+        })
+        .collect()
 }
 
 /// One measured point of `--sweep`.
@@ -209,12 +252,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     // the planned batch
     det.set_graph_ladder(plan.batch);
     let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
+    let shaped = shapes(&det, &plan, &a.shapes);
     let soak_json = soaked.as_ref().map(|(k, ballast)| {
         serde_json::json!({"batch": k.batch, "passes": k.passes, "oom": k.oom, "seconds": k.seconds, "peak": k.peak,
             "within_budget": k.peak <= plan.budget.bytes, "ballast": ballast, "stages": k.stages})
     });
     if a.json {
-        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "sweep": sw, "soak": soak_json});
+        let v = serde_json::json!({"model": name, "device": device::device_name(&dev), "dtype": device::dtype_name(dtype), "imgsz": a.imgsz, "config": cfg, "plan": plan, "telemetry": telemetry, "startup": st, "plan_ms": plan_ms, "sweep": sw, "soak": soak_json, "shapes": shaped});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("model        {name} on {} in {} at {}x{}", device::device_name(&dev), device::dtype_name(dtype), a.imgsz, a.imgsz);
@@ -276,6 +320,26 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
                 sw.chosen_share * 100.0,
                 sw.worst_error_to_chosen * 100.0
             );
+        }
+        for r in &shaped {
+            let d = &r.decision;
+            let mib = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / MIB));
+            println!(
+                "shape        {}x{} ({:.2} of the square): estimate {} (as {} square, predicted {:.1} MiB), taken {}, measured {}{}{}",
+                d.estimate.width,
+                d.estimate.height,
+                d.estimate.area_ratio,
+                d.estimate.batch,
+                d.estimate.square_equivalent,
+                d.estimate.predicted_peak as f64 / MIB,
+                d.batch,
+                mib(r.measured),
+                r.error.map_or(String::new(), |e| format!(" (prediction {:+.1}%)", e * 100.0)),
+                if r.within_budget == Some(false) { ", OVER the budget" } else { "" }
+            );
+            for t in &d.tried {
+                println!("  tried batch {:>4}: {}", t.batch, t.error.clone().unwrap_or_else(|| mib(t.peak)));
+            }
         }
         if let Some((k, ballast)) = &soaked {
             let held = if *ballast > 0 {

@@ -30,7 +30,7 @@ pub use report::MemoryTelemetry;
 pub use search::{plan, Plan, Step};
 #[cfg(test)]
 pub(crate) use shape::test_plan;
-pub use shape::ShapePlan;
+pub use shape::{ShapeDecision, ShapePlan, ShapeProbe};
 
 use serde::Serialize;
 

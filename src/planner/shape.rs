@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use super::Plan;
+use super::{Plan, ProbeError, Prober};
 
 /// What a [`Plan`] allows at one input shape.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -37,6 +37,61 @@ impl Plan {
         let batch = (batch as usize).clamp(1, self.max_batch.max(1));
         let square_equivalent = square_equivalent(batch, area_ratio);
         ShapePlan { width, height, area_ratio, batch, square_equivalent, predicted_peak: self.fit.predict(square_equivalent) }
+    }
+}
+
+/// One measured batch of [`Plan::decide_shape`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShapeProbe {
+    pub batch: usize,
+    /// The measured peak (bytes), where the pass ran.
+    pub peak: Option<u64>,
+    /// Why the pass did not run (out of memory, or another error).
+    pub error: Option<String>,
+}
+
+/// The batch taken for an input shape, and how it was decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShapeDecision {
+    pub estimate: ShapePlan,
+    /// The batch taken.
+    pub batch: usize,
+    /// The measured peak of `batch` where it was measured (bytes).
+    pub verified_peak: Option<u64>,
+    /// The batches measured, in order.
+    pub tried: Vec<ShapeProbe>,
+}
+
+impl Plan {
+    /// The batch for inputs of `width x height` when batches of `startup` square pictures are
+    /// known to fit: the estimate ([`Self::for_shape`]), taken as it is at or below `startup`;
+    /// above it, measured first with `prober` (which runs passes at that shape): the estimate,
+    /// then the batch halfway to `startup`, the first whose peak is within the budget; `startup`
+    /// if neither is. Memory is not in proportion to pixels everywhere (on the CPU, 40 pictures
+    /// at 320x224 were measured to need more than 28 at 320x320).
+    pub fn decide_shape(&self, prober: &mut impl Prober, side: u32, width: u32, height: u32, startup: usize) -> ShapeDecision {
+        let estimate = self.for_shape(side, width, height);
+        let mut decision = ShapeDecision { estimate, batch: estimate.batch.min(startup), verified_peak: None, tried: Vec::new() };
+        if estimate.batch <= startup {
+            return decision;
+        }
+        for b in [estimate.batch, (estimate.batch + startup).div_ceil(2)] {
+            if b <= startup {
+                break;
+            }
+            let r = prober.peak_at(b);
+            let fits = matches!(r, Ok(p) if p <= self.budget.bytes);
+            decision.tried.push(match r {
+                Ok(p) => ShapeProbe { batch: b, peak: Some(p), error: None },
+                Err(ProbeError::Oom(e) | ProbeError::Other(e)) => ShapeProbe { batch: b, peak: None, error: Some(e) },
+            });
+            if fits {
+                decision.batch = b;
+                decision.verified_peak = decision.tried.last().and_then(|t| t.peak);
+                break;
+            }
+        }
+        decision
     }
 }
 
@@ -70,6 +125,25 @@ pub(crate) fn test_plan(batch: usize, max_batch: usize) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::test_plan as plan;
+    use crate::planner::{ProbeError, Prober};
+
+    /// Peaks in proportion to `pixels_per_pass` per picture, out of memory above `capacity`.
+    struct AtShape {
+        per_picture: u64,
+        capacity: u64,
+        calls: Vec<usize>,
+    }
+    impl Prober for AtShape {
+        fn peak_at(&mut self, b: usize) -> Result<u64, ProbeError> {
+            self.calls.push(b);
+            let p = self.per_picture * b as u64;
+            if p > self.capacity {
+                Err(ProbeError::Oom("out of memory".into()))
+            } else {
+                Ok(p)
+            }
+        }
+    }
 
     #[test]
     fn smaller_inputs_get_the_batch_their_pixels_allow() {
@@ -99,5 +173,42 @@ mod tests {
         assert_eq!((big.batch, big.square_equivalent), (4, 16));
         // never below 1
         assert_eq!(plan(1, 8).for_shape(320, 640, 640).batch, 1);
+    }
+
+    #[test]
+    fn a_shape_at_or_below_the_startup_batch_is_taken_unmeasured() {
+        let p = plan(30, 256);
+        let mut prober = AtShape { per_picture: 1, capacity: u64::MAX, calls: vec![] };
+        // larger than the square: 640x1280 allows 15, below the startup 30
+        let d = p.decide_shape(&mut prober, 640, 640, 1280, 30);
+        assert_eq!((d.batch, d.verified_peak, d.tried.len()), (15, None, 0));
+        // a smaller shape whose estimate passes a lower startup batch is capped there unmeasured
+        // only when the estimate does not exceed it
+        let d = p.decide_shape(&mut prober, 640, 640, 640, 30);
+        assert_eq!(d.batch, 30);
+        assert!(prober.calls.is_empty());
+    }
+
+    #[test]
+    fn a_shape_above_the_startup_batch_is_measured_then_halved_toward_it() {
+        // the budget of test_plan is 0.8 x 1 GiB
+        let p = plan(30, 256);
+        let budget = p.budget.bytes;
+        // 640x384 estimates 50; 50 pictures fit: taken, measured
+        let mut fits = AtShape { per_picture: budget / 60, capacity: u64::MAX, calls: vec![] };
+        let d = p.decide_shape(&mut fits, 640, 640, 384, 30);
+        assert_eq!((d.estimate.batch, d.batch, fits.calls.clone()), (50, 50, vec![50]));
+        assert_eq!(d.verified_peak, Some(50 * (budget / 60)));
+        // 50 over the budget, 40 within: 40
+        let mut tight = AtShape { per_picture: budget / 45, capacity: u64::MAX, calls: vec![] };
+        let d = p.decide_shape(&mut tight, 640, 640, 384, 30);
+        assert_eq!((d.batch, tight.calls.clone()), (40, vec![50, 40]));
+        assert!(d.tried[0].peak.unwrap() > budget && d.tried[0].error.is_none());
+        // neither fits (the second out of memory): the startup batch, not measured again
+        let mut oom = AtShape { per_picture: budget / 35, capacity: budget, calls: vec![] };
+        let d = p.decide_shape(&mut oom, 640, 640, 384, 30);
+        assert_eq!((d.batch, d.verified_peak), (30, None));
+        assert_eq!(oom.calls, vec![50, 40]);
+        assert!(d.tried.iter().all(|t| t.peak.is_none() && t.error.as_deref() == Some("out of memory")));
     }
 }

@@ -2,6 +2,8 @@
 //! original picture, with the reference's defaults and semantics (`ultralytics.utils.ops.non_max_suppression`,
 //! `multi_label=False`, `agnostic=False`).
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::vision::preprocess::LetterboxGeometry;
@@ -55,19 +57,39 @@ pub const DEVICE_ROW: usize = 8;
 
 /// Per-picture candidate lists, each in anchor order (as the host filter yields them), from the
 /// device filter's rows, which come in whatever order the device appended them. A row naming a
-/// picture outside `0..pictures` is dropped; a trailing partial row is ignored.
-pub fn candidates_from_rows(rows: &[f32], pictures: usize) -> Vec<Vec<Candidate>> {
-    let mut per: Vec<Vec<(usize, Candidate)>> = vec![Vec::new(); pictures];
-    for r in rows.chunks_exact(DEVICE_ROW) {
+/// picture outside `0..pictures` or an anchor outside `0..anchors` is dropped, as is a second
+/// row for the same anchor; a trailing partial row is ignored.
+pub fn candidates_from_rows(rows: &[f32], pictures: usize, anchors: usize) -> Vec<Vec<Candidate>> {
+    use rayon::prelude::*;
+    // each anchor of a picture has at most one row: placing row numbers at (picture, anchor)
+    // orders them without a sort, in time linear in the rows and the anchors (an untrained model,
+    // or a low threshold, makes every anchor of every picture a candidate: a million rows for a
+    // large batch)
+    const NONE: u32 = u32::MAX;
+    let slots = match pictures.checked_mul(anchors) {
+        Some(n) if n > 0 => n,
+        _ => return vec![Vec::new(); pictures],
+    };
+    let mut at = vec![NONE; slots];
+    for (i, r) in rows.chunks_exact(DEVICE_ROW).enumerate() {
         let (pic, anchor) = (r[6] as usize, r[7] as usize);
-        if let Some(list) = per.get_mut(pic) {
-            list.push((anchor, Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }));
+        if pic < pictures && anchor < anchors && i < NONE as usize {
+            let slot = &mut at[pic * anchors + anchor];
+            if *slot == NONE {
+                *slot = i as u32;
+            }
         }
     }
-    per.into_iter()
-        .map(|mut l| {
-            l.sort_unstable_by_key(|e| e.0);
-            l.into_iter().map(|e| e.1).collect()
+    at.par_chunks(anchors)
+        .map(|slots| {
+            slots
+                .iter()
+                .filter(|&&i| i != NONE)
+                .map(|&i| {
+                    let r = &rows[i as usize * DEVICE_ROW..][..DEVICE_ROW];
+                    Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }
+                })
+                .collect()
         })
         .collect()
 }
@@ -88,48 +110,30 @@ pub fn nms(mut cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 
     // stable sort by score, descending (torch.argsort(descending=True) on CPU is stable for ties in practice)
     cands.sort_by(|a, b| b.score.total_cmp(&a.score));
     cands.truncate(MAX_NMS);
-    let boxes: Vec<[f32; 4]> = cands
-        .iter()
-        .map(|c| {
-            let [x, y, w, h] = c.xywh;
-            [x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0]
-        })
-        .collect();
-    let shifted: Vec<[f32; 4]> = boxes
-        .iter()
-        .zip(&cands)
-        .map(|(b, c)| {
-            let o = c.class_id as f32 * MAX_WH;
-            [b[0] + o, b[1] + o, b[2] + o, b[3] + o]
-        })
-        .collect();
-    // boxes of different classes never suppress each other (the class offset above), so the
-    // greedy pass runs per class, over the class's candidates in score order: the same boxes
-    // survive as in one pass over all of them, at a fraction of the pairs (a crowded picture, or
-    // an untrained model with every anchor a candidate, has thousands)
-    let mut by_class: Vec<usize> = (0..cands.len()).collect();
-    by_class.sort_by_key(|&i| cands[i].class_id); // stable: score order within a class
-    let mut suppressed = vec![false; cands.len()];
-    let mut kept = vec![false; cands.len()];
-    for class in by_class.chunk_by(|&a, &b| cands[a].class_id == cands[b].class_id) {
-        let mut n = 0;
-        for (a, &i) in class.iter().enumerate() {
-            if suppressed[i] {
-                continue;
-            }
-            kept[i] = true;
-            n += 1;
-            if n >= th.max_det {
-                break;
-            }
-            for &j in &class[a + 1..] {
-                if !suppressed[j] && iou(&shifted[i], &shifted[j]) > th.iou {
-                    suppressed[j] = true;
-                }
-            }
+    // greedy NMS in score order: a candidate survives unless a box kept before it overlaps it by
+    // more than the threshold. Boxes of different classes never suppress each other (the class
+    // offset above), so each candidate is compared with the kept boxes of its own class only (at
+    // most max_det), and the pass stops at max_det kept: a crowded picture, or an untrained model
+    // with every anchor a candidate, has thousands of candidates but needs only the first few
+    // hundred visited
+    let mut kept_of_class: HashMap<usize, Vec<[f32; 4]>> = HashMap::new();
+    let mut kept = Vec::with_capacity(th.max_det.min(cands.len()));
+    for c in &cands {
+        if kept.len() >= th.max_det {
+            break;
         }
+        let [x, y, w, h] = c.xywh;
+        let xyxy = [x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0];
+        let o = c.class_id as f32 * MAX_WH;
+        let shifted = xyxy.map(|v| v + o);
+        let same = kept_of_class.entry(c.class_id).or_default();
+        if same.iter().any(|k| iou(k, &shifted) > th.iou) {
+            continue;
+        }
+        same.push(shifted);
+        kept.push((*c, xyxy));
     }
-    (0..cands.len()).filter(|&i| kept[i]).take(th.max_det).map(|i| (cands[i], boxes[i])).collect()
+    kept
 }
 
 /// Full post-processing of one image: NMS, then boxes mapped to original pixels and labelled.
@@ -160,7 +164,7 @@ mod tests {
         let rows: Vec<f32> =
             [row(1.0, 7.0, 0.5, 2.0), row(0.0, 9.0, 0.6, 0.0), row(1.0, 3.0, 0.7, 1.0), row(5.0, 1.0, 0.9, 0.0), row(0.0, 2.0, 0.8, 3.0)]
                 .concat();
-        let per = candidates_from_rows(&rows, 3);
+        let per = candidates_from_rows(&rows, 3, 10);
         assert_eq!(per.len(), 3);
         let anchors = |l: &Vec<Candidate>| l.iter().map(|c| c.xywh[0] as usize).collect::<Vec<_>>();
         assert_eq!(anchors(&per[0]), vec![2, 9]);
@@ -168,7 +172,12 @@ mod tests {
         assert!(per[2].is_empty());
         assert_eq!(per[1][0], Candidate { xywh: [3.0, 6.0, 3.0, 4.0], score: 0.7, class_id: 1 });
         // a partial row at the end is ignored
-        assert_eq!(candidates_from_rows(&rows[..DEVICE_ROW + 3], 3)[1].len(), 1);
+        assert_eq!(candidates_from_rows(&rows[..DEVICE_ROW + 3], 3, 10)[1].len(), 1);
+        // an anchor out of range, and a second row for one anchor, are dropped
+        assert_eq!(candidates_from_rows(&rows, 3, 8)[0].len(), 1);
+        let twice = [row(0.0, 2.0, 0.8, 3.0), row(0.0, 2.0, 0.1, 1.0)].concat();
+        assert_eq!(candidates_from_rows(&twice, 1, 10)[0], vec![Candidate { xywh: [2.0, 4.0, 3.0, 4.0], score: 0.8, class_id: 3 }]);
+        assert_eq!(candidates_from_rows(&rows, 3, 0), vec![Vec::new(); 3]);
     }
 
     #[test]
@@ -212,13 +221,13 @@ mod tests {
         let mut suppressed = vec![false; cands.len()];
         let mut keep = Vec::new();
         for i in 0..cands.len() {
+            if keep.len() >= th.max_det {
+                break; // the reference's `i[:max_det]`
+            }
             if suppressed[i] {
                 continue;
             }
             keep.push((cands[i], xyxy(&cands[i])));
-            if keep.len() >= th.max_det {
-                break;
-            }
             for j in i + 1..cands.len() {
                 if !suppressed[j] && iou(&shifted(&cands[i]), &shifted(&cands[j])) > th.iou {
                     suppressed[j] = true;
@@ -229,7 +238,7 @@ mod tests {
     }
 
     #[test]
-    fn per_class_passes_keep_what_one_pass_over_all_keeps() {
+    fn kept_list_pass_keeps_what_one_pass_over_all_keeps() {
         // crowded pictures: thousands of overlapping candidates over a few classes, score ties
         // included, at several max_det (an untrained model makes every anchor a candidate)
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -239,7 +248,7 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 11) as f32 / (1u64 << 53) as f32
         };
-        for (n, classes, max_det) in [(3000, 5, 300), (2000, 80, 300), (500, 2, 7), (800, 3, 1)] {
+        for (n, classes, max_det) in [(3000, 5, 300), (2000, 80, 300), (500, 2, 7), (800, 3, 1), (100, 1, 0)] {
             let cands: Vec<Candidate> = (0..n)
                 .map(|_| Candidate {
                     xywh: [next() * 200.0, next() * 200.0, 5.0 + next() * 40.0, 5.0 + next() * 40.0],
@@ -249,7 +258,7 @@ mod tests {
                 .collect();
             let th = Thresholds { conf: 0.1, iou: 0.5, max_det };
             let (fast, slow) = (nms(cands.clone(), &th), nms_one_pass(cands, &th));
-            assert!(!fast.is_empty());
+            assert_eq!(fast.is_empty(), max_det == 0);
             assert_eq!(fast, slow, "{n} candidates, {classes} classes, max_det {max_det}");
         }
     }

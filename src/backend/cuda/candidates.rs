@@ -69,5 +69,5 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::R
     drop(storage);
     let n = (dev.clone_dtoh(&count)?[0] as usize).min(total);
     let rows = if n > 0 { dev.clone_dtoh(&out.slice(..n * ROW))? } else { Vec::new() };
-    Ok(postprocess::candidates_from_rows(&rows, b))
+    Ok(postprocess::candidates_from_rows(&rows, b, a))
 }
