@@ -43,10 +43,81 @@ pub fn cudnn_takes(x: &Tensor) -> bool {
     x.device().is_cuda() && cfg!(feature = "cudnn")
 }
 
+/// One convolution algorithm as cuDNN's timed search reported it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimedAlgo {
+    /// Implicit GEMM without precomputed indices (cuDNN's `IMPLICIT_GEMM`).
+    pub plain_implicit_gemm: bool,
+    /// The search's fastest time for it (ms).
+    pub time: f32,
+    /// Scratch it needs (bytes).
+    pub workspace: usize,
+}
+
+/// Scratch below which a saving is not worth a slower algorithm.
+pub const WORKSPACE_WORTH_SAVING: usize = 1 << 20;
+
+/// How much faster by the search's timing plain implicit GEMM must be than every other usable
+/// algorithm to be chosen.
+pub const PLAIN_IMPLICIT_GEMM_MARGIN: f32 = 2.0;
+
+/// The algorithm a convolution shape runs with, from the search's usable candidates (index into
+/// `algos`), `slack` being how much slower than the fastest one may be to save scratch:
+///
+/// - plain implicit GEMM only where it is [`PLAIN_IMPLICIT_GEMM_MARGIN`] times faster than every
+///   other candidate, or the only one: the search times it faster than it runs in the pass. On
+///   an H200 (yolov9t, f16, NHWC) the processes whose search took it over the precomputed
+///   variant for the small convolutions (16 -> 16 channels at 80x80, 24 -> 24 at 40x40, 32 -> 32
+///   at 20x20) ran batch 1 in 1.7-2.7 ms instead of 1.33, and batch 32 slower than 16
+///   (BENCHMARKS.md, "Small batches and cuDNN's choice");
+/// - then the fastest, unless one within the slack of it needs at least
+///   [`WORKSPACE_WORTH_SAVING`] less scratch: then the one needing least (ties: the faster).
+pub fn choose_algo(algos: &[TimedAlgo], slack: f32) -> Option<usize> {
+    let others = algos.iter().filter(|a| !a.plain_implicit_gemm).map(|a| a.time).fold(f32::INFINITY, f32::min);
+    let eligible: Vec<usize> =
+        (0..algos.len()).filter(|&i| !algos[i].plain_implicit_gemm || algos[i].time * PLAIN_IMPLICIT_GEMM_MARGIN <= others).collect();
+    let fastest = *eligible.iter().min_by(|&&a, &&b| algos[a].time.total_cmp(&algos[b].time))?;
+    let (time, ws) = (algos[fastest].time, algos[fastest].workspace);
+    eligible
+        .into_iter()
+        .filter(|&i| algos[i].time <= time * (1.0 + slack) && algos[i].workspace + WORKSPACE_WORTH_SAVING <= ws)
+        .min_by(|&a, &b| algos[a].workspace.cmp(&algos[b].workspace).then(algos[a].time.total_cmp(&algos[b].time)))
+        .or(Some(fastest))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+
+    fn algo(plain: bool, time: f32, workspace: usize) -> TimedAlgo {
+        TimedAlgo { plain_implicit_gemm: plain, time, workspace }
+    }
+
+    #[test]
+    fn choice_takes_the_fastest_and_saves_only_real_scratch() {
+        const M: usize = 1 << 20;
+        // a few bytes of scratch are not worth 4 % of time
+        assert_eq!(choose_algo(&[algo(false, 1.00, 128), algo(false, 1.04, 0)], 0.05), Some(0));
+        // 64 MiB are, within the slack; not beyond it
+        assert_eq!(choose_algo(&[algo(false, 1.00, 64 * M), algo(false, 1.04, 0)], 0.05), Some(1));
+        assert_eq!(choose_algo(&[algo(false, 1.00, 64 * M), algo(false, 1.10, 0)], 0.05), Some(0));
+        // among several that save, the least scratch, ties to the faster
+        let a = [algo(false, 1.0, 64 * M), algo(false, 1.03, 2 * M), algo(false, 1.02, 2 * M), algo(false, 1.01, 32 * M)];
+        assert_eq!(choose_algo(&a, 0.05), Some(2));
+        assert_eq!(choose_algo(&[], 0.05), None);
+    }
+
+    #[test]
+    fn plain_implicit_gemm_needs_a_clear_lead_or_no_rival() {
+        // timed a little faster (or equal, with less scratch): the precomputed variant runs
+        assert_eq!(choose_algo(&[algo(true, 0.010, 0), algo(false, 0.011, 128)], 0.05), Some(1));
+        assert_eq!(choose_algo(&[algo(true, 0.010, 0), algo(false, 0.010, 128)], 0.0), Some(1));
+        // twice as fast: taken
+        assert_eq!(choose_algo(&[algo(true, 0.010, 0), algo(false, 0.020, 128)], 0.05), Some(0));
+        // the only usable one: taken
+        assert_eq!(choose_algo(&[algo(true, 0.010, 0)], 0.05), Some(0));
+    }
 
     fn rel(a: &Tensor, b: &Tensor) -> f32 {
         let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();

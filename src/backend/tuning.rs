@@ -34,7 +34,8 @@ pub struct Tuning {
     /// 8 GiB); the fast FP16 tensor-core algorithms need it to grow with the batch.
     pub cudnn_workspace_scale: f64,
     /// How much slower than the fastest a cuDNN algorithm may be and still be chosen for needing
-    /// less workspace (0.05 = 5 %; 0 = always the fastest, like PyTorch's `cudnn.benchmark`).
+    /// at least 1 MiB less workspace (0.05 = 5 %; 0 = always the fastest, like PyTorch's
+    /// `cudnn.benchmark`; the choice: `backend::conv::choose_algo`).
     pub cudnn_algo_slack: f64,
     /// Passes on CUDA replay captured CUDA graphs, one per input shape and batch size (small
     /// batches are launch-bound otherwise).

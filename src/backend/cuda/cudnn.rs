@@ -40,9 +40,9 @@ fn find_workspace(io_bytes: usize) -> usize {
 }
 
 /// How much slower than the fastest an algorithm may be and still be chosen for needing less
-/// workspace (`cudnn_algo_slack`). The search's timings of near-equal algorithms vary from run
-/// to run, and a choice by time alone can take one that needs far more scratch memory for no
-/// real gain.
+/// workspace (`cudnn_algo_slack`; the rule: [`crate::backend::conv::choose_algo`]). The search's
+/// timings of near-equal algorithms vary from run to run, and a choice by time alone can take
+/// one that needs far more scratch memory for no real gain.
 fn algo_slack() -> f32 {
     crate::backend::tuning::get().cudnn_algo_slack as f32
 }
@@ -406,13 +406,22 @@ fn plan<T: DeviceRepr>(
     drop(ws);
     let usable: Vec<&sys::cudnnConvolutionFwdAlgoPerf_t> =
         timed.iter().filter(|p| p.memory <= ws_size && admitted(key.f16, p.algo)).collect();
-    let fastest = usable.iter().map(|p| p.time).fold(f32::INFINITY, f32::min);
-    // the least workspace among those within the slack of the fastest (ties: the faster)
-    let best = usable
+    let timings: Vec<crate::backend::conv::TimedAlgo> = usable
         .iter()
-        .filter(|p| p.time <= fastest * (1.0 + algo_slack()))
-        .min_by(|a, b| a.memory.cmp(&b.memory).then(a.time.total_cmp(&b.time)))
+        .map(|p| crate::backend::conv::TimedAlgo {
+            plain_implicit_gemm: p.algo == sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            time: p.time,
+            workspace: p.memory,
+        })
+        .collect();
+    let best = crate::backend::conv::choose_algo(&timings, algo_slack())
+        .map(|i| usable[i])
         .ok_or_else(|| candle_core::Error::Msg(format!("cuDNN: no admitted algorithm for {key:?} ({returned} tried)")))?;
+    tracing::debug!(
+        shape = ?key,
+        timed = ?usable.iter().map(|p| (p.algo, p.mathType, p.time, p.memory)).collect::<Vec<_>>(),
+        "cuDNN search"
+    );
     // SAFETY: a live descriptor owned by the plan; the math type is one cuDNN returned.
     unsafe { result::set_convolution_math_type(plan.conv.0, best.mathType) }.map_err(|e| err("math type", e))?;
     plan.algo = best.algo;
