@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile algos shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -28,6 +28,7 @@
 #      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
 #      PLANSOAK_CASES ("t:4GiB t:16GiB c:4GiB c:16GiB") PLANSOAK_SECONDS (6): step plansoak
 #      RECT_MODELS (real,t,c) RECT_TIMEOUT (420): step rectparity
+#      ALGO_VARIANTS (t) ALGO_ROUNDS (4) ALGO_BATCHES (1,2,4,8,16,32,64): step algos
 #      SHAPE_CASES ("t:4GiB c:4GiB t:16GiB") SHAPES (640x384,640x480,480x640,640x640) SHAPE_TIMEOUT (240): step shapes
 #      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
 #      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
@@ -382,6 +383,18 @@ try:
 except Exception as e:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | failed: {e} |")
 PY
+  done
+fi
+
+if has algos; then
+  say "## the same model in several processes: cuDNN's plans (plain implicit GEMM counted) and the speed they give (f16, model only, 640x640)"
+  say "| variant | process | plain implicit GEMM plans | $(echo "${ALGO_BATCHES:-1,2,4,8,16,32,64}" | sed 's/,/ | /g') |"
+  for v in ${ALGO_VARIANTS:-t}; do
+    for r in $(seq 1 "${ALGO_ROUNDS:-4}"); do
+      RUST_LOG=yolo_edge::backend=debug timeout "${ALGO_TIMEOUT:-100}" "$BIN" bench --device cuda:0 --variants "$v" --dtype f16 --batches "${ALGO_BATCHES:-1,2,4,8,16,32,64}" --mode model --warmup 3 --iters 300 --out "$W/algos-$v-$r" > "$W/algos-$v-$r.md" 2> "$W/algos-$v-$r.log"
+      plain=$(grep 'cuDNN plan' "$W/algos-$v-$r.log" | grep -c 'ALGO_IMPLICIT_GEMM ')
+      echo "| $v | $r | $plain | $(grep '^| yolov9' "$W/algos-$v-$r.md" | awk -F'|' '{printf "%s (%s ms) | ", $9, $8}')" | tee -a "$SUM"
+    done
   done
 fi
 
