@@ -389,6 +389,7 @@ fi
 if has algos; then
   say "## the same model in several processes: cuDNN's plans (plain implicit GEMM counted) and the speed they give (f16, model only, 640x640)"
   say "| variant | process | plain implicit GEMM plans | $(echo "${ALGO_BATCHES:-1,2,4,8,16,32,64}" | sed 's/,/ | /g') |"
+  say "|---|---:|---:|$(echo "${ALGO_BATCHES:-1,2,4,8,16,32,64}" | sed 's/[0-9]*/---:/g; s/,/|/g')|"
   for v in ${ALGO_VARIANTS:-t}; do
     for r in $(seq 1 "${ALGO_ROUNDS:-4}"); do
       RUST_LOG=yolo_edge::backend=debug timeout "${ALGO_TIMEOUT:-100}" "$BIN" bench --device cuda:0 --variants "$v" --dtype f16 --batches "${ALGO_BATCHES:-1,2,4,8,16,32,64}" --mode model --warmup 3 --iters 300 --out "$W/algos-$v-$r" > "$W/algos-$v-$r.md" 2> "$W/algos-$v-$r.log"
