@@ -229,6 +229,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
         probe_batches: a.probe_batches.clone(),
     };
     cfg.validate()?;
+    if let Some(&(w, h)) = a.shapes.iter().find(|&&(w, h)| w.max(h) > a.imgsz) {
+        anyhow::bail!("--shapes {w}x{h} is larger than --imgsz {}: a letterbox at that size makes none", a.imgsz);
+    }
     yolo_edge::env::configure_compute_cache();
     let dev = device::parse_device(&a.device)?;
     let dtype = device::parse_dtype(&a.dtype, &dev)?;

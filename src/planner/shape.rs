@@ -127,7 +127,7 @@ mod tests {
     use super::test_plan as plan;
     use crate::planner::{ProbeError, Prober};
 
-    /// Peaks in proportion to `pixels_per_pass` per picture, out of memory above `capacity`.
+    /// Peaks of `per_picture` bytes per picture, out of memory above `capacity`.
     struct AtShape {
         per_picture: u64,
         capacity: u64,
@@ -182,8 +182,7 @@ mod tests {
         // larger than the square: 640x1280 allows 15, below the startup 30
         let d = p.decide_shape(&mut prober, 640, 640, 1280, 30);
         assert_eq!((d.batch, d.verified_peak, d.tried.len()), (15, None, 0));
-        // a smaller shape whose estimate passes a lower startup batch is capped there unmeasured
-        // only when the estimate does not exceed it
+        // the square itself: its estimate is the startup batch, taken unmeasured
         let d = p.decide_shape(&mut prober, 640, 640, 640, 30);
         assert_eq!(d.batch, 30);
         assert!(prober.calls.is_empty());
