@@ -573,17 +573,33 @@ if has profile; then
   timeout 240 "$BIN" bench --device cuda:0 --variants "${PROFILE_VARIANTS:-t,c}" --dtype f16 --batches "${PROFILE_BATCHES:-1,32}" --mode model --warmup 2 --iters 5 --profile --out "$W/profile" ${PROFILE_FLAGS:-} > "$W/profile.md" 2> "$W/profile.log"
   cp "$W/profile/profile.csv" "$OUT/profile.csv" 2>/dev/null
   python3 - "$W/profile/profile.csv" <<'PY' | tee -a "$SUM"
-import csv, sys, collections
+import csv, sys, collections, re
 rows = list(csv.DictReader(open(sys.argv[1])))
+def category(op):
+    if op.startswith("conv"):
+        return "conv 1x1" if " 1x1/" in op else "conv 3x3 s2" if "/2 " in op else "conv grouped" if " g" in op.split("@")[0] else "conv kxk s1"
+    return re.sub(r" c\d+ @\d+x\d+$", "", op)
 groups = collections.OrderedDict()
+per_op = collections.defaultdict(dict)
 for r in rows:
-    op = r["op"]
-    cat = ("conv 1x1" if " 1x1/" in op else "conv 3x3 s2" if "/2 " in op else "conv grouped" if " g" in op.split("@")[0] else "conv kxk s1") if op.startswith("conv") else op
-    g = groups.setdefault((r["model"], r["batch"]), collections.Counter())
-    g[cat] += float(r["ms"])
+    m, b, op = r["model"], int(r["batch"]), r["op"]
+    groups.setdefault((m, b), collections.Counter())[category(op)] += float(r["ms"])
+    per_op[m][(b, op)] = float(r["ms"])
 for (m, b), c in groups.items():
     tot = sum(c.values())
-    print(f"{m} batch {b}: {tot:.1f} ms: " + ", ".join(f"{k} {v:.1f} ms ({100*v/tot:.0f}%)" for k, v in c.most_common()))
+    print(f"{m} batch {b}: {tot:.1f} ms ({1000 * tot / b:.0f} us/picture): " + ", ".join(f"{k} {v:.1f} ms ({100*v/tot:.0f}%)" for k, v in c.most_common()))
+# per op, device time per picture at each batch: where a larger batch costs more per picture
+for m, d in per_op.items():
+    batches = sorted({b for b, _ in d})
+    if len(batches) < 2:
+        continue
+    lo, hi = batches[-2], batches[-1]
+    ops = {op for _, op in d}
+    growth = sorted(((d.get((hi, op), 0) / hi - d.get((lo, op), 0) / lo) * 1000, op) for op in ops)
+    print(f"{m}: ops that cost more per picture at batch {hi} than at {lo} (us/picture, {lo} -> {hi}):")
+    for g, op in reversed(growth[-15:]):
+        print(f"  {op:<48} {1000 * d.get((lo, op), 0) / lo:8.1f} -> {1000 * d.get((hi, op), 0) / hi:8.1f}  ({g:+.1f})")
+    print(f"  sum of every op's change: {sum(g for g, _ in growth):+.1f} us/picture")
 PY
 fi
 

@@ -1,7 +1,12 @@
 //! Opt-in per-operation timing of a forward pass (`yolo-edge bench --profile`): each
-//! instrumented operation synchronises the device before and after itself and adds its time to
-//! a per-thread table, so that the table says where a batch's time goes. Off (one thread-local
-//! read per operation) unless enabled on the calling thread.
+//! instrumented operation adds its time to a per-thread table, so that the table says where a
+//! batch's time goes. On CUDA an operation is timed by two events recorded on the stream around
+//! its kernels, without synchronising, so the pass keeps the device as busy as an unprofiled
+//! one and the table holds device time; recorded while a CUDA graph is captured, the events
+//! become nodes of the graph and time each replay. (In an eager pass a span also holds the
+//! device's idle time while it waits for the host's launches.) On the CPU an operation is timed
+//! by the wall clock. Off (one thread-local read per operation) unless enabled on the
+//! calling thread.
 //!
 //! [`DeviceTimer`]: the device's own time of a span of work (CUDA events), beside the host's.
 
@@ -14,6 +19,9 @@ use candle_core::Device;
 struct Table {
     device: Device,
     ops: BTreeMap<String, (u64, f64)>,
+    /// CUDA: spans recorded and not read yet (read by [`take`], after one synchronisation).
+    #[cfg(feature = "cuda")]
+    spans: Vec<(String, DeviceTimer)>,
 }
 
 thread_local! {
@@ -22,12 +30,51 @@ thread_local! {
 
 /// Starts collecting on this thread (clears what was collected).
 pub fn enable(device: &Device) {
-    TABLE.with(|t| *t.borrow_mut() = Some(Table { device: device.clone(), ops: BTreeMap::new() }));
+    TABLE.with(|t| {
+        *t.borrow_mut() = Some(Table {
+            device: device.clone(),
+            ops: BTreeMap::new(),
+            #[cfg(feature = "cuda")]
+            spans: Vec::new(),
+        })
+    });
+}
+
+/// Drops the spans recorded and not read yet on this thread (CUDA; nothing on the CPU).
+pub fn forget_spans() {
+    #[cfg(feature = "cuda")]
+    TABLE.with(|t| {
+        if let Some(t) = t.borrow_mut().as_mut() {
+            t.spans.clear();
+        }
+    });
+}
+
+fn add(ops: &mut BTreeMap<String, (u64, f64)>, name: String, ms: f64) {
+    let e = ops.entry(name).or_insert((0, 0.0));
+    e.0 += 1;
+    e.1 += ms;
 }
 
 /// Stops collecting and returns (operation, calls, total ms), slowest first.
 pub fn take() -> Vec<(String, u64, f64)> {
-    let ops = TABLE.with(|t| t.borrow_mut().take()).map(|t| t.ops).unwrap_or_default();
+    let Some(table) = TABLE.with(|t| t.borrow_mut().take()) else { return Vec::new() };
+    #[allow(unused_mut)]
+    let mut ops = table.ops;
+    #[cfg(feature = "cuda")]
+    {
+        let _ = table.device.synchronize();
+        let mut unread = 0;
+        for (name, span) in table.spans {
+            match span.read() {
+                Ok(Some(ms)) => add(&mut ops, name, ms),
+                _ => unread += 1,
+            }
+        }
+        if unread > 0 {
+            tracing::warn!(unread, "profile: spans whose events could not be read");
+        }
+    }
     let mut v: Vec<_> = ops.into_iter().map(|(k, (n, ms))| (k, n, ms)).collect();
     v.sort_by(|a, b| b.2.total_cmp(&a.2));
     v
@@ -37,6 +84,19 @@ pub fn take() -> Vec<(String, u64, f64)> {
 pub fn scope<T>(name: impl FnOnce() -> String, f: impl FnOnce() -> candle_core::Result<T>) -> candle_core::Result<T> {
     let dev = TABLE.with(|t| t.borrow().as_ref().map(|t| t.device.clone()));
     let Some(dev) = dev else { return f() };
+    #[cfg(feature = "cuda")]
+    if dev.is_cuda() {
+        let span = DeviceTimer::new(&dev)?;
+        span.start()?;
+        let r = f()?;
+        span.mark_stop()?;
+        TABLE.with(|t| {
+            if let Some(t) = t.borrow_mut().as_mut() {
+                t.spans.push((name(), span));
+            }
+        });
+        return Ok(r);
+    }
     dev.synchronize()?;
     let t0 = Instant::now();
     let r = f()?;
@@ -44,9 +104,7 @@ pub fn scope<T>(name: impl FnOnce() -> String, f: impl FnOnce() -> candle_core::
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     TABLE.with(|t| {
         if let Some(t) = t.borrow_mut().as_mut() {
-            let e = t.ops.entry(name()).or_insert((0, 0.0));
-            e.0 += 1;
-            e.1 += ms;
+            add(&mut t.ops, name(), ms);
         }
     });
     Ok(r)
@@ -99,9 +157,25 @@ impl DeviceTimer {
     /// Marks the end of the span and waits for it: the span's device time (ms); `None` on the
     /// CPU.
     pub fn stop(&self) -> candle_core::Result<Option<f64>> {
+        self.mark_stop()?;
+        self.read()
+    }
+
+    /// Marks the end of the span on the stream, without waiting.
+    pub fn mark_stop(&self) -> candle_core::Result<()> {
         #[cfg(feature = "cuda")]
-        if let Some((s, a, b)) = &self.events {
+        if let Some((s, _, b)) = &self.events {
             b.record(s).map_err(event_err)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the span marked by [`start`](Self::start) and [`mark_stop`](Self::mark_stop):
+    /// its device time (ms); `None` on the CPU.
+    pub fn read(&self) -> candle_core::Result<Option<f64>> {
+        #[cfg(feature = "cuda")]
+        if let Some((_, a, b)) = &self.events {
+            b.synchronize().map_err(event_err)?;
             return Ok(Some(a.elapsed_ms(b).map_err(event_err)? as f64));
         }
         Ok(None)

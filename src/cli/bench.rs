@@ -67,7 +67,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
     /// After timing each batch, one more pass with every convolution, epilogue, concat and
-    /// upsample synchronised and timed: where the time goes (stderr and OUT/profile.csv).
+    /// upsample timed (on CUDA by events on the stream, without synchronising): where the time
+    /// goes (stderr and OUT/profile.csv).
     #[arg(long)]
     profile: bool,
     /// How end-to-end pictures fit the network input: rect (the reference's `predict` default)
@@ -167,18 +168,32 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
     }
 }
 
-/// One forward pass with per-operation timing; prints the table to stderr and appends it to
-/// `out/profile.csv` (model, batch, op, calls, ms, share of the pass).
+/// One forward pass with per-operation timing (a replay of a graph captured for it where graphs
+/// are on, else an eager pass); prints the table to stderr and appends it to `out/profile.csv`
+/// (model, batch, op, calls, ms, share of the pass).
 fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Path) -> candle_core::Result<()> {
     det.device().synchronize()?;
+    let pass = yolo_edge::backend::profile::DeviceTimer::new(det.device())?;
     yolo_edge::backend::profile::enable(det.device());
+    if det.replays_graphs() {
+        // the capture records each op's events as nodes of the graph, which every replay
+        // records again: the profile is of the timed replay below
+        run_once(det, work)?;
+    }
     let t0 = Instant::now();
+    pass.start()?;
     let r = run_once(det, work);
-    let total = t0.elapsed().as_secs_f64() * 1e3;
+    pass.mark_stop()?;
     let ops = yolo_edge::backend::profile::take();
+    let wall = t0.elapsed().as_secs_f64() * 1e3;
+    let on_device = pass.read()?;
     r?;
+    let total = on_device.unwrap_or(wall);
     let timed: f64 = ops.iter().map(|o| o.2).sum();
-    eprintln!("profile {name} batch {batch}: {total:.2} ms with synchronisation");
+    match on_device {
+        Some(d) => eprintln!("profile {name} batch {batch}: {d:.2} ms on the device (CUDA events around each op), {wall:.2} ms wall"),
+        None => eprintln!("profile {name} batch {batch}: {wall:.2} ms with synchronisation"),
+    }
     let mut csv = String::new();
     for (op, n, ms) in ops.iter().chain(std::iter::once(&("other (untimed ops; launches)".to_string(), 0, (total - timed).max(0.0)))) {
         eprintln!("  {op:<40} {n:>5} calls {ms:>9.2} ms {:>5.1}%", 100.0 * ms / total);
@@ -331,11 +346,10 @@ fn bench_batch(
             stream = Some(stream_e2e(det, images, batch, iters, a.fit, jpeg_on_device)?);
         }
         if a.profile {
-            // per-operation timing synchronises after every op, which a graph capture cannot
-            // contain: the profile is of the eager pass
-            det.use_graphs(false);
+            // a graph captured with the profile on holds its events, so it is not kept
+            det.drop_graphs();
             let r = profile_pass(det, &work, name, batch, &a.out);
-            det.use_graphs(true);
+            det.drop_graphs();
             r?;
         }
         Ok((t, on_device, peak))

@@ -282,6 +282,13 @@ impl Detector {
     }
 
     /// Whether passes on this detector's device replay graphs now.
+    pub fn replays_graphs(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.graphs_on();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
     #[cfg(feature = "cuda")]
     fn graphs_on(&self) -> bool {
         self.graphs.load(std::sync::atomic::Ordering::Relaxed) && self.device().is_cuda() && crate::backend::tuning::get().cuda_graphs

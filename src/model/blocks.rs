@@ -304,10 +304,16 @@ impl Conv {
         }
         #[cfg(feature = "cuda")]
         if self.calib.is_none() && x0.device().is_cuda() {
-            let x = if xs.len() == 1 { (*x0).clone() } else { crate::backend::profile::scope(|| "concat".into(), || self.lay.cat_c(xs))? };
+            let x = if xs.len() == 1 {
+                (*x0).clone()
+            } else {
+                crate::backend::profile::scope(|| format!("concat{}", self.lay.shape_tag(x0)), || self.lay.cat_c(xs))?
+            };
             let y = crate::backend::profile::scope(|| self.op_name(&x), || self.conv(&x))?;
-            let what =
-                || format!("{}{} (fused)", if self.act { "bias+silu" } else { "bias" }, if residual.is_some() { "+residual" } else { "" });
+            let what = || {
+                let kind = if self.act { "bias+silu" } else { "bias" };
+                format!("{kind}{} (fused){}", if residual.is_some() { "+residual" } else { "" }, self.lay.shape_tag(&y))
+            };
             return crate::backend::profile::scope(what, || {
                 crate::backend::bias_act(&y, &self.bias, self.act, residual, self.lay == Lay::Nhwc)
             });
@@ -506,7 +512,11 @@ impl Module for Elan {
         let y1 = lay.narrow_c(&y, half, c - half)?;
         // channels last, the slice is strided on every pixel: copied once here rather than by
         // each convolution that reads it
-        let y1 = if lay == Lay::Nhwc { crate::backend::profile::scope(|| "split copy".into(), || y1.contiguous())? } else { y1 };
+        let y1 = if lay == Lay::Nhwc {
+            crate::backend::profile::scope(|| format!("split copy{}", lay.shape_tag(&y1)), || y1.contiguous())?
+        } else {
+            y1
+        };
         let y2 = self.cv2.forward(&y1)?;
         let y3 = self.cv3.forward(&y2)?;
         // chunk(2) gives y0, y1 and cat(y0, y1) is y itself

@@ -49,6 +49,11 @@ impl Lay {
         })
     }
 
+    /// `" c{C} @{H}x{W}"` of a 4-D activation, for profile entries (empty if it is not 4-D).
+    pub fn shape_tag(self, x: &Tensor) -> String {
+        self.chw(x).map(|(c, h, w)| format!(" c{c} @{h}x{w}")).unwrap_or_default()
+    }
+
     /// Channels `start..start + len`.
     pub fn narrow_c(self, x: &Tensor, start: usize, len: usize) -> candle_core::Result<Tensor> {
         x.narrow(self.cdim(), start, len)
