@@ -591,15 +591,13 @@ for (m, b), c in groups.items():
 # per op, device time per picture at each batch: where a larger batch costs more per picture
 for m, d in per_op.items():
     batches = sorted({b for b, _ in d})
-    if len(batches) < 2:
-        continue
-    lo, hi = batches[-2], batches[-1]
     ops = {op for _, op in d}
-    growth = sorted(((d.get((hi, op), 0) / hi - d.get((lo, op), 0) / lo) * 1000, op) for op in ops)
-    print(f"{m}: ops that cost more per picture at batch {hi} than at {lo} (us/picture, {lo} -> {hi}):")
-    for g, op in reversed(growth[-15:]):
-        print(f"  {op:<48} {1000 * d.get((lo, op), 0) / lo:8.1f} -> {1000 * d.get((hi, op), 0) / hi:8.1f}  ({g:+.1f})")
-    print(f"  sum of every op's change: {sum(g for g, _ in growth):+.1f} us/picture")
+    for lo, hi in zip(batches, batches[1:]):
+        growth = sorted(((d.get((hi, op), 0) / hi - d.get((lo, op), 0) / lo) * 1000, op) for op in ops)
+        print(f"{m}: ops that cost more per picture at batch {hi} than at {lo} (us/picture, {lo} -> {hi}):")
+        for g, op in reversed(growth[-12:]):
+            print(f"  {op:<48} {1000 * d.get((lo, op), 0) / lo:8.1f} -> {1000 * d.get((hi, op), 0) / hi:8.1f}  ({g:+.1f})")
+        print(f"  sum of every op's change: {sum(g for g, _ in growth):+.1f} us/picture")
 PY
 fi
 

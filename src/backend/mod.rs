@@ -44,8 +44,13 @@ pub use cpu::kernel::PackedWeights;
 pub use cuda::cudnn::conv2d as cudnn_conv2d;
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    candidates::candidates as device_candidates, epilogue::bias_act, fuse::add_upsampled, graph::GraphedForward, head::decode_level,
-    input::normalize as normalize_input, pool::pool as pool_nhwc,
+    candidates::candidates as device_candidates,
+    epilogue::{bias_act, bias_act_into, bias_act_wide},
+    fuse::add_upsampled,
+    graph::GraphedForward,
+    head::decode_level,
+    input::normalize as normalize_input,
+    pool::pool as pool_nhwc,
 };
 #[cfg(feature = "cuda")]
 pub use cuda::{

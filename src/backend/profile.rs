@@ -127,6 +127,27 @@ fn event_err(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> candl
     candle_core::Error::Msg(format!("CUDA event: {e}"))
 }
 
+/// Records `event` on `stream`; while the stream is captured into a CUDA graph, as an event
+/// record node of the graph (which a plain record during capture is not: there it only orders
+/// the capture's streams), so that each replay records it.
+#[cfg(feature = "cuda")]
+fn record(
+    event: &candle_core::cuda_backend::cudarc::driver::CudaEvent,
+    stream: &candle_core::cuda_backend::cudarc::driver::CudaStream,
+) -> candle_core::Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    if stream.capture_status().map_err(event_err)? != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        return event.record(stream).map_err(event_err);
+    }
+    // SAFETY: both handles are live (owned by `event` and `stream`, borrowed for the call), and
+    // the stream is being captured, the only state in which this flag is valid.
+    unsafe {
+        sys::cuEventRecordWithFlags(event.cu_event(), stream.cu_stream(), sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32)
+    }
+    .result()
+    .map_err(event_err)
+}
+
 impl DeviceTimer {
     pub fn new(device: &Device) -> candle_core::Result<Self> {
         #[cfg(feature = "cuda")]
@@ -149,7 +170,7 @@ impl DeviceTimer {
     pub fn start(&self) -> candle_core::Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, a, _)) = &self.events {
-            a.record(s).map_err(event_err)?;
+            record(a, s)?;
         }
         Ok(())
     }
@@ -165,7 +186,7 @@ impl DeviceTimer {
     pub fn mark_stop(&self) -> candle_core::Result<()> {
         #[cfg(feature = "cuda")]
         if let Some((s, _, b)) = &self.events {
-            b.record(s).map_err(event_err)?;
+            record(b, s)?;
         }
         Ok(())
     }

@@ -364,6 +364,69 @@ impl Conv {
     }
 }
 
+/// Concatenations written in place: on CUDA with channels-last activations a block whose
+/// convolutions feed one channel concatenation has each of them write its epilogue's output
+/// straight into its channels of the concatenation's buffer ([`Conv::forward_wide`],
+/// [`Conv::forward_into`]), instead of writing its own tensor that a concatenation then copies.
+impl Conv {
+    /// Whether [`Conv::forward_wide`] and [`Conv::forward_into`] write in place for input `x`.
+    fn writes_in_place(&self, x: &Tensor) -> bool {
+        cfg!(feature = "cuda") && self.calib.is_none() && self.lay == Lay::Nhwc && x.device().is_cuda()
+    }
+
+    fn out_channels(&self) -> candle_core::Result<usize> {
+        Ok(self.weight.dims4()?.0)
+    }
+
+    fn in_channels(&self) -> candle_core::Result<usize> {
+        let (_, a, _, d) = self.weight.dims4()?;
+        // NCHW weights are (K, C/groups, R, S), NHWC ones (K, R, S, C/groups)
+        Ok(if self.lay == Lay::Nhwc { d } else { a } * self.groups.max(1))
+    }
+
+    /// `act(conv(x) + bias)` as channels `offset..offset + C` of a new channels-last buffer of
+    /// `width` channels, the others left for [`Conv::forward_into`] or a copy to fill (CUDA,
+    /// [`Conv::writes_in_place`]).
+    fn forward_wide(&self, x: &Tensor, width: usize, offset: usize) -> candle_core::Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        {
+            let y = crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))?;
+            crate::backend::profile::scope(
+                || format!("{} into concat{}", if self.act { "bias+silu" } else { "bias" }, self.lay.shape_tag(&y)),
+                || crate::backend::bias_act_wide(&y, &self.bias, self.act, width, offset),
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (x, width, offset);
+            candle_core::bail!("writing into a concatenation needs CUDA")
+        }
+    }
+
+    /// `act(conv(x) + bias)` written into channels `offset..offset + C` of `buf` (a buffer made
+    /// by [`Conv::forward_wide`]).
+    fn forward_into(&self, x: &Tensor, buf: &Tensor, offset: usize) -> candle_core::Result<()> {
+        #[cfg(feature = "cuda")]
+        {
+            let y = crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))?;
+            crate::backend::profile::scope(
+                || format!("{} into concat{}", if self.act { "bias+silu" } else { "bias" }, self.lay.shape_tag(&y)),
+                || crate::backend::bias_act_into(buf, offset, &y, &self.bias, self.act),
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (x, buf, offset);
+            candle_core::bail!("writing into a concatenation needs CUDA")
+        }
+    }
+}
+
+/// `src` copied into channels `offset..` of `buf` (channels last).
+fn copy_into(buf: &Tensor, src: &Tensor, offset: usize) -> candle_core::Result<()> {
+    crate::backend::profile::scope(|| format!("copy into concat{}", Lay::Nhwc.shape_tag(src)), || buf.slice_set(src, 3, offset))
+}
+
 impl Module for Conv {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.forward_cat(&[x], None)
@@ -448,6 +511,12 @@ impl Module for RepCsp {
         for b in &self.m {
             a = b.forward(&a)?;
         }
+        if self.cv2.writes_in_place(x) {
+            let ca = a.dim(3)?;
+            let buf = self.cv2.forward_wide(x, ca + self.cv2.out_channels()?, ca)?;
+            copy_into(&buf, &a, 0)?;
+            return self.cv3.forward(&buf);
+        }
         self.cv3.forward_cat(&[&a, &self.cv2.forward(x)?], None)
     }
 }
@@ -466,6 +535,16 @@ impl Module for ElanBranch {
         match self {
             Self::Csp(csp, c) => c.forward(&csp.forward(x)?),
             Self::Plain(c) => c.forward(x),
+        }
+    }
+}
+
+impl ElanBranch {
+    /// The branch's output written into channels `offset..` of `buf` ([`Conv::forward_into`]).
+    fn forward_into(&self, x: &Tensor, buf: &Tensor, offset: usize) -> candle_core::Result<()> {
+        match self {
+            Self::Csp(csp, c) => c.forward_into(&csp.forward(x)?, buf, offset),
+            Self::Plain(c) => c.forward_into(x, buf, offset),
         }
     }
 }
@@ -506,6 +585,24 @@ impl Elan {
 impl Module for Elan {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let lay = self.cv1.lay();
+        if self.cv1.writes_in_place(x) {
+            // cv1, cv2 and cv3 write into the channels of the buffer cv4 reads; cv2's output,
+            // which cv3 reads too, is copied there
+            let (c3, width) = (self.cv1.out_channels()?, self.cv4.in_channels()?);
+            let buf = self.cv1.forward_wide(x, width, 0)?;
+            let half = c3.div_ceil(2);
+            let y1 = crate::backend::profile::scope(
+                || format!("split copy{}", lay.shape_tag(&buf)),
+                || lay.narrow_c(&buf, half, c3 - half)?.contiguous(),
+            )?;
+            let y2 = self.cv2.forward(&y1)?;
+            if c3 + 2 * y2.dim(3)? != width {
+                candle_core::bail!("ELAN: cv4 reads {width} channels, not cv1's {c3} and twice the branches' {}", y2.dim(3)?);
+            }
+            copy_into(&buf, &y2, c3)?;
+            self.cv3.forward_into(&y2, &buf, c3 + y2.dim(3)?)?;
+            return self.cv4.forward(&buf);
+        }
         let y = self.cv1.forward(x)?;
         let c = lay.chw(&y)?.0;
         let half = c.div_ceil(2);
@@ -565,6 +662,14 @@ impl Module for ADown {
         let x = crate::backend::profile::scope(|| "avgpool".into(), || lay.avg_pool_2x2_s1(x))?;
         let c = lay.chw(&x)?.0;
         let half = c.div_ceil(2);
+        if self.cv1.writes_in_place(&x) {
+            let c1 = self.cv1.out_channels()?;
+            let buf = self.cv1.forward_wide(&lay.narrow_c(&x, 0, half)?, c1 + self.cv2.out_channels()?, 0)?;
+            let pooled =
+                crate::backend::profile::scope(|| "maxpool".into(), || lay.max_pool_padded(&lay.narrow_c(&x, half, c - half)?, 3, 2))?;
+            self.cv2.forward_into(&pooled, &buf, c1)?;
+            return Ok(buf);
+        }
         let x1 = self.cv1.forward(&lay.narrow_c(&x, 0, half)?)?;
         let x2 = self.cv2.forward(&crate::backend::profile::scope(
             || "maxpool".into(),

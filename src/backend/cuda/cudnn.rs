@@ -1,6 +1,9 @@
 //! Convolutions through cuDNN with one plan per shape: descriptors built and the algorithm
-//! chosen once (benchmarked with `cudnnFindConvolutionForwardAlgorithmEx`, like PyTorch's
-//! `cudnn.benchmark`), then reused by every later call of that shape.
+//! chosen once, then reused by every later call of that shape. The candidates are the
+//! algorithms `cudnnFindConvolutionForwardAlgorithmEx` runs successfully (as PyTorch's
+//! `cudnn.benchmark`), each then timed on the device over launches back to back: the search's
+//! own timings have a floor of about 60 us on an H200, above what the small convolutions of
+//! yolov9t take, so it cannot rank them.
 //!
 //! candle's own cuDNN path re-plans on every call (about 4 ms of host time each, measured on the
 //! on a data-centre GPU) and accumulates FP16 in FP16 (error 3.5e-3 to 7e-3). Here FP16 data is computed with
@@ -8,6 +11,12 @@
 //! the f32 path stays a reference. The algorithms kept for FP16 are the GEMM family (exact FP32
 //! accumulation; Winograd and FFT are left out). Grouped convolutions
 //! (the head's depthwise 3x3) are one call, not one per group.
+//!
+//! A plan may run its batch as two halves, each through the half batch's own plan, where the
+//! search times the halves at least [`SPLIT_MARGIN`](crate::backend::conv::SPLIT_MARGIN) faster
+//! than the whole: cuDNN's kernels for some shapes are far slower at one batch than at half of
+//! it (yolov9t's 24 -> 24 channels at 40x40 took 2.5x longer per picture at batch 32 than at 16
+//! on an H200, which made batch 32 slower than 16 as a whole).
 //!
 //! Plans live per thread (cuDNN handles are not thread-safe; the agent runs one inference thread
 //! per device). The workspace of each call comes from candle's pool, so the memory planner sees
@@ -19,7 +28,9 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
+};
 use candle_core::cuda_backend::{CudaStorageSlice, DeviceId};
 use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor};
 use cudarc::cudnn::{result, sys};
@@ -47,8 +58,9 @@ fn algo_slack() -> f32 {
     crate::backend::tuning::get().cudnn_algo_slack as f32
 }
 
-/// Algorithm searches per convolution shape; each algorithm's fastest time counts.
-const FIND_TRIALS: usize = 3;
+/// Algorithm searches per convolution shape (they list the algorithms that run and the scratch
+/// each needs; the largest need over the searches counts).
+const FIND_TRIALS: usize = 1;
 
 /// `x.conv2d(w, padding, stride, 1, groups)` through cuDNN, or `None` when cuDNN cannot run this
 /// shape (then the caller takes candle's path; the shape is remembered and not tried again).
@@ -103,6 +115,19 @@ impl Key {
         Some(Self { dev, f16, nhwc, x: d(x)?, w: d(w)?, stride: stride as i32, pad: pad as i32, groups: groups as i32 })
     }
 
+    /// The same convolution on the first half of the batch (an even batch of at least 2).
+    fn half(&self) -> Option<Self> {
+        (self.x[0] >= 2 && self.x[0] % 2 == 0).then(|| Self { x: [self.x[0] / 2, self.x[1], self.x[2], self.x[3]], ..*self })
+    }
+
+    fn x_elems(&self) -> usize {
+        self.x.iter().map(|&d| d.max(0) as usize).product()
+    }
+
+    fn y_elems(&self) -> usize {
+        self.y_dims().iter().map(|&d| d.max(0) as usize).product()
+    }
+
     fn y_dims(&self) -> [i32; 4] {
         let o = |i: i32, k: i32| (i + 2 * self.pad - k) / self.stride + 1;
         [self.x[0], self.w[0], o(self.x[2], self.w[2]), o(self.x[3], self.w[3])]
@@ -153,6 +178,10 @@ struct Plan {
     y: TensorDesc,
     algo: sys::cudnnConvolutionFwdAlgo_t,
     workspace: usize,
+    /// The search's time for the chosen algorithm (ms).
+    time: f32,
+    /// Run as two halves of the batch through the half batch's plan.
+    split: bool,
 }
 
 fn err(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
@@ -221,7 +250,16 @@ impl Plan {
         let math = if key.f16 { sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
         // SAFETY: as above, a live descriptor owned by `conv`.
         unsafe { result::set_convolution_math_type(conv.0, math) }.map_err(|e| err("math type", e))?;
-        Ok(Self { x, w, conv, y, algo: sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, workspace: 0 })
+        Ok(Self {
+            x,
+            w,
+            conv,
+            y,
+            algo: sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            workspace: 0,
+            time: f32::INFINITY,
+            split: false,
+        })
     }
 }
 
@@ -281,56 +319,234 @@ fn run<T: DeviceRepr>(
     let len = (n as usize) * (c as usize) * (h as usize) * (wd as usize);
     // SAFETY: fully written by the convolution (beta = 0).
     let mut y = unsafe { dev.alloc::<T>(len)? };
-    let xv = x.slice(xl.start_offset()..);
-    let wv = w.slice(wl.start_offset()..);
-    let planned = PLANS.with(|p| p.borrow().contains_key(key));
-    if !planned {
-        let plan = match plan(handle, dev, key, &xv, &wv, &mut y) {
-            Ok(p) => p,
-            Err(e) => {
-                if !crate::backend::oom::is_oom(&e) {
-                    UNSUPPORTED.with(|u| u.borrow_mut().insert(*key));
-                }
-                return Err(e);
-            }
-        };
-        tracing::debug!(shape = ?key, algo = ?plan.algo, workspace = plan.workspace, "cuDNN plan");
-        PLANS.with(|p| p.borrow_mut().insert(*key, plan));
+    {
+        let xv = x.slice(xl.start_offset()..);
+        let wv = w.slice(wl.start_offset()..);
+        let mut yv = y.slice_mut(..);
+        ensure_plan(handle, dev, key, &xv, &wv, &mut yv)?;
+        let (xp, _gx) = xv.device_ptr(&stream);
+        let (wp, _gw) = wv.device_ptr(&stream);
+        let (yp, _gy) = yv.device_ptr_mut(&stream);
+        // SAFETY: `xp`, `wp` and `yp` point to buffers holding `key`'s input, filter and output
+        // (`len` elements allocated for the output; the input's layout is contiguous with
+        // `key`'s dims), kept alive and ordered on `stream` by the guards until the calls are
+        // enqueued.
+        unsafe { enqueue(handle, dev, &stream, key, xp, wp, yp, std::mem::size_of::<T>()) }?;
     }
+    Ok(y)
+}
+
+/// Plans `key` if it has no plan yet, and then its half batch (recursively), deciding whether it
+/// runs as two halves; the searches run on `x`, `w` and `y` (the halves on their first halves).
+fn ensure_plan<T: DeviceRepr>(
+    handle: sys::cudnnHandle_t,
+    dev: &CudaDevice,
+    key: &Key,
+    x: &CudaView<T>,
+    w: &CudaView<T>,
+    y: &mut CudaViewMut<T>,
+) -> candle_core::Result<()> {
+    if PLANS.with(|p| p.borrow().contains_key(key)) {
+        return Ok(());
+    }
+    let plan = match plan(handle, dev, key, x, w, y) {
+        Ok(p) => p,
+        Err(e) => {
+            if !crate::backend::oom::is_oom(&e) {
+                UNSUPPORTED.with(|u| u.borrow_mut().insert(*key));
+            }
+            return Err(e);
+        }
+    };
+    PLANS.with(|p| p.borrow_mut().insert(*key, plan));
+    if let Some(half) = key.half() {
+        // a half that cannot be planned or timed (out of memory, unsupported) leaves the whole
+        // as it is
+        let (xh, mut yh) = (x.slice(..half.x_elems()), y.slice_mut(..half.y_elems()));
+        if ensure_plan(handle, dev, &half, &xh, w, &mut yh).is_ok() {
+            if let Ok((whole, halves)) = time_split(handle, dev, key, x, w, y) {
+                if crate::backend::conv::split_pays(whole, halves) {
+                    PLANS.with(|p| p.borrow_mut().get_mut(key).map(|plan| plan.split = true));
+                }
+                tracing::debug!(shape = ?key, whole, halves, "cuDNN batch split timed");
+            }
+        }
+    }
+    PLANS.with(|p| {
+        if let Some(plan) = p.borrow().get(key) {
+            tracing::debug!(shape = ?key, algo = ?plan.algo, workspace = plan.workspace, time = plan.time, split = plan.split, "cuDNN plan");
+        }
+    });
+    Ok(())
+}
+
+/// Device time of `key`'s whole batch in one call and as two calls of the half plan (ms).
+fn time_split<T: DeviceRepr>(
+    handle: sys::cudnnHandle_t,
+    dev: &CudaDevice,
+    key: &Key,
+    x: &CudaView<T>,
+    w: &CudaView<T>,
+    y: &mut CudaViewMut<T>,
+) -> candle_core::Result<(f32, f32)> {
+    let half = key.half().ok_or_else(|| candle_core::Error::Msg("no half batch".into()))?;
+    let stream = dev.cuda_stream();
+    let elem = std::mem::size_of::<T>();
+    let need = PLANS.with(|p| {
+        let p = p.borrow();
+        Some(p.get(key)?.workspace.max(p.get(&half)?.workspace))
+    });
+    let need = need.ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
+    // SAFETY: uninitialised scratch space for cuDNN.
+    let mut ws = if need > 0 { Some(unsafe { dev.alloc::<u8>(need)? }) } else { None };
+    let (xp, _gx) = x.device_ptr(&stream);
+    let (wp, _gw) = w.device_ptr(&stream);
+    let (yp, _gy) = y.device_ptr_mut(&stream);
+    let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
+    let (dx, dy) = ((half.x_elems() * elem) as u64, (half.y_elems() * elem) as u64);
+    PLANS.with(|p| {
+        let plans = p.borrow();
+        let (Some(whole_plan), Some(half_plan)) = (plans.get(key), plans.get(&half)) else { candle_core::bail!("cuDNN plan vanished") };
+        // SAFETY: `x`, `w` and `y` hold `key`'s input, filter and output (the search ran on
+        // them), their first and second halves `half`'s; the workspace holds `need` bytes, at
+        // least either plan's need; the guards keep them alive and ordered until `time_runs`
+        // has waited for the runs.
+        let whole = time_runs(&stream, || unsafe { forward(handle, whole_plan, whole_plan.algo, xp, wp, yp, wsp, need) })?;
+        // SAFETY: as above.
+        let halves = time_runs(&stream, || unsafe {
+            forward(handle, half_plan, half_plan.algo, xp, wp, yp, wsp, need)?;
+            forward(handle, half_plan, half_plan.algo, xp + dx, wp, yp + dy, wsp, need)
+        })?;
+        Ok((whole, halves))
+    })
+}
+
+/// Enqueues `key`'s convolution on `stream`: one cuDNN call, or the two halves of the batch
+/// through the half plan (recursively) where the plan splits.
+///
+/// # Safety
+/// `xp`, `wp` and `yp` must be device pointers to `key`'s input, filter and output, with elements
+/// of `elem` bytes, valid until the work enqueued here has run; `key` must be planned.
+#[allow(clippy::too_many_arguments)]
+unsafe fn enqueue(
+    handle: sys::cudnnHandle_t,
+    dev: &CudaDevice,
+    stream: &CudaStream,
+    key: &Key,
+    xp: u64,
+    wp: u64,
+    yp: u64,
+    elem: usize,
+) -> candle_core::Result<()> {
+    let split = PLANS.with(|p| p.borrow().get(key).map(|plan| plan.split));
+    match (split, key.half()) {
+        (None, _) => candle_core::bail!("cuDNN plan vanished"),
+        (Some(true), Some(half)) => {
+            let (dx, dy) = ((half.x_elems() * elem) as u64, (half.y_elems() * elem) as u64);
+            // SAFETY: the halves of the caller's buffers, which hold twice `half`'s elements.
+            unsafe {
+                enqueue(handle, dev, stream, &half, xp, wp, yp, elem)?;
+                enqueue(handle, dev, stream, &half, xp + dx, wp, yp + dy, elem)
+            }
+        }
+        // SAFETY: the caller's pointers, as this function's contract requires.
+        _ => unsafe { enqueue_one(handle, dev, stream, key, xp, wp, yp) },
+    }
+}
+
+/// One cuDNN call for `key`'s whole batch with its plan's algorithm.
+///
+/// # Safety
+/// As [`enqueue`].
+unsafe fn enqueue_one(
+    handle: sys::cudnnHandle_t,
+    dev: &CudaDevice,
+    stream: &CudaStream,
+    key: &Key,
+    xp: u64,
+    wp: u64,
+    yp: u64,
+) -> candle_core::Result<()> {
     PLANS.with(|p| -> candle_core::Result<()> {
         let plans = p.borrow();
         let plan = plans.get(key).ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
         // SAFETY: uninitialised scratch space for cuDNN.
         let mut ws = if plan.workspace > 0 { Some(unsafe { dev.alloc::<u8>(plan.workspace)? }) } else { None };
-        let (alpha, beta) = (1f32, 0f32);
-        let (xp, _gx) = xv.device_ptr(&stream);
-        let (wp, _gw) = wv.device_ptr(&stream);
-        let (yp, _gy) = y.device_ptr_mut(&stream);
-        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
+        let (wsp, _gws) = scratch_ptr(&mut ws, stream);
         // SAFETY: the plan's descriptors describe exactly these buffers (the key holds their
-        // shapes and dtype, checked when the plan was made); the device pointers are kept alive
-        // and ordered on `stream` by the guards `_gx`, `_gw`, `_gy`, `_gws` until the call is
-        // enqueued; the workspace is at least the algorithm's need; alpha/beta outlive the call.
-        unsafe {
-            result::convolution_forward(
-                handle,
-                (&alpha) as *const f32 as *const c_void,
-                plan.x.0,
-                xp as *const c_void,
-                plan.w.0,
-                wp as *const c_void,
-                plan.conv.0,
-                plan.algo,
-                wsp,
-                plan.workspace,
-                (&beta) as *const f32 as *const c_void,
-                plan.y.0,
-                yp as *mut c_void,
-            )
-        }
-        .map_err(|e| err("convolution", e))
-    })?;
-    Ok(y)
+        // shapes and dtype, checked when the plan was made; the caller vouches for the
+        // pointers); the workspace is at least the algorithm's need and stays alive and ordered
+        // on `stream` through `_gws`.
+        unsafe { forward(handle, plan, plan.algo, xp, wp, yp, wsp, plan.workspace) }
+    })
+}
+
+/// `cudnnConvolutionForward` with `plan`'s descriptors and algorithm `algo`.
+///
+/// # Safety
+/// `xp`, `wp`, `yp` as for [`enqueue`]; `wsp` a device buffer of `ws` bytes (or null with 0),
+/// at least `algo`'s need, valid until the call has run.
+#[allow(clippy::too_many_arguments)]
+unsafe fn forward(
+    handle: sys::cudnnHandle_t,
+    plan: &Plan,
+    algo: sys::cudnnConvolutionFwdAlgo_t,
+    xp: u64,
+    wp: u64,
+    yp: u64,
+    wsp: *mut c_void,
+    ws: usize,
+) -> candle_core::Result<()> {
+    let (alpha, beta) = (1f32, 0f32);
+    // SAFETY: the caller's contract; alpha and beta outlive the call.
+    unsafe {
+        result::convolution_forward(
+            handle,
+            (&alpha) as *const f32 as *const c_void,
+            plan.x.0,
+            xp as *const c_void,
+            plan.w.0,
+            wp as *const c_void,
+            plan.conv.0,
+            algo,
+            wsp,
+            ws,
+            (&beta) as *const f32 as *const c_void,
+            plan.y.0,
+            yp as *mut c_void,
+        )
+    }
+    .map_err(|e| err("convolution", e))
+}
+
+/// Runs of one convolution per timing.
+const TIMED_LAUNCHES: usize = 10;
+
+/// The device time of one run of `f` (ms): [`TIMED_LAUNCHES`] runs captured into one CUDA graph
+/// and replayed between two events, after one untimed run and one untimed replay. cuDNN's own
+/// search times each algorithm with a floor of about 60 us on an H200, and launches back to back
+/// wait for the host (about 30 us per call), both above what the small convolutions of yolov9t
+/// take; a graph replays them as the model's own graphs do. `f` must not allocate.
+fn time_runs(stream: &std::sync::Arc<CudaStream>, mut f: impl FnMut() -> candle_core::Result<()>) -> candle_core::Result<f32> {
+    use candle_core::cuda_backend::cudarc::driver::sys as cu;
+    let ev = |e| err("timing", e);
+    f()?;
+    stream.synchronize().map_err(ev)?;
+    stream.begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(ev)?;
+    // the capture must be ended whatever happens inside it
+    let captured = (0..TIMED_LAUNCHES).try_for_each(|_| f());
+    let graph = stream.end_capture(cu::CUgraphInstantiate_flags(0));
+    captured?;
+    let graph = graph.map_err(ev)?.ok_or_else(|| candle_core::Error::Msg("cuDNN timing: empty capture".into()))?;
+    let ctx = stream.context();
+    let a = ctx.new_event(Some(cu::CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?;
+    let b = ctx.new_event(Some(cu::CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?;
+    graph.launch().map_err(ev)?;
+    a.record(stream).map_err(ev)?;
+    graph.launch().map_err(ev)?;
+    b.record(stream).map_err(ev)?;
+    b.synchronize().map_err(ev)?;
+    Ok(a.elapsed_ms(&b).map_err(ev)? / TIMED_LAUNCHES as f32)
 }
 
 /// Builds the descriptors and benchmarks the admitted algorithms on the real tensors (the output
@@ -341,7 +557,7 @@ fn plan<T: DeviceRepr>(
     key: &Key,
     x: &impl DevicePtr<T>,
     w: &impl DevicePtr<T>,
-    y: &mut CudaSlice<T>,
+    y: &mut CudaViewMut<T>,
 ) -> candle_core::Result<Plan> {
     let mut plan = Plan::describe(key)?;
     let stream = dev.cuda_stream();
@@ -364,8 +580,6 @@ fn plan<T: DeviceRepr>(
     // (CUDNN_STATUS_SUCCESS, algorithm 0); cuDNN overwrites the entries it returns.
     let mut perf: [sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
     let mut returned: i32 = 0;
-    // every algorithm's fastest time over a few searches: one search times each algorithm once,
-    // and on a busy device a slow outlier picked an algorithm 2-3x slower than the best
     let mut timed: Vec<sys::cudnnConvolutionFwdAlgoPerf_t> = Vec::with_capacity(N);
     for _ in 0..FIND_TRIALS {
         let (xp, _gx) = x.device_ptr(&stream);
@@ -403,9 +617,31 @@ fn plan<T: DeviceRepr>(
             }
         }
     }
+    // each usable algorithm timed again on the device, launches back to back (`time_runs`)
+    let mut usable: Vec<sys::cudnnConvolutionFwdAlgoPerf_t> = Vec::with_capacity(timed.len());
+    {
+        let (xp, _gx) = x.device_ptr(&stream);
+        let (wp, _gw) = w.device_ptr(&stream);
+        let (yp, _gy) = y.device_ptr_mut(&stream);
+        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
+        for p in timed.iter().filter(|p| p.memory <= ws_size && admitted(key.f16, p.algo)) {
+            // SAFETY: a live descriptor owned by the plan; the math type is one cuDNN returned.
+            unsafe { result::set_convolution_math_type(plan.conv.0, p.mathType) }.map_err(|e| err("math type", e))?;
+            // SAFETY: as for the search: the descriptors match the buffers, kept alive and
+            // ordered by the guards until `time_runs` has waited for the runs; the workspace
+            // holds `ws_size` bytes, at least this algorithm's need.
+            match time_runs(&stream, || unsafe { forward(handle, &plan, p.algo, xp, wp, yp, wsp, ws_size) }) {
+                Ok(t) => usable.push(sys::cudnnConvolutionFwdAlgoPerf_t { time: t, ..*p }),
+                Err(e) if crate::backend::oom::is_oom(&e) => return Err(e),
+                Err(e) => tracing::debug!(shape = ?key, algo = ?p.algo, error = %e, "cuDNN algorithm failed its timed runs"),
+            }
+        }
+    }
     drop(ws);
-    let usable: Vec<&sys::cudnnConvolutionFwdAlgoPerf_t> =
-        timed.iter().filter(|p| p.memory <= ws_size && admitted(key.f16, p.algo)).collect();
+    if usable.is_empty() {
+        // none could be timed (a capture refused): the search's own timings
+        usable = timed.iter().filter(|p| p.memory <= ws_size && admitted(key.f16, p.algo)).copied().collect();
+    }
     let timings: Vec<crate::backend::conv::TimedAlgo> = usable
         .iter()
         .map(|p| crate::backend::conv::TimedAlgo {
@@ -415,7 +651,7 @@ fn plan<T: DeviceRepr>(
         })
         .collect();
     let best = crate::backend::conv::choose_algo(&timings, algo_slack())
-        .map(|i| usable[i])
+        .map(|i| &usable[i])
         .ok_or_else(|| candle_core::Error::Msg(format!("cuDNN: no admitted algorithm for {key:?} ({returned} tried)")))?;
     tracing::debug!(
         shape = ?key,
@@ -426,5 +662,6 @@ fn plan<T: DeviceRepr>(
     unsafe { result::set_convolution_math_type(plan.conv.0, best.mathType) }.map_err(|e| err("math type", e))?;
     plan.algo = best.algo;
     plan.workspace = best.memory;
+    plan.time = best.time;
     Ok(plan)
 }

@@ -62,3 +62,34 @@ extern "C" __global__ void bias_act_cl_f16x2(const __half2 *y, const __half2 *bi
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += blockDim.x * gridDim.x)
     out[i] = pair(y[i], __half22float2(bias[i % c2]), res, i, act, has_res);
 }
+
+// Eight halves per thread (one 16-byte load or store each), for channels last with C a multiple
+// of 8 and 16-byte aligned pointers: n8 = n/8 units, c8 = C/8 bias units.
+__device__ __forceinline__ uint4 eight(uint4 y, uint4 b, const uint4 *res, unsigned int i, int act, int has_res) {
+  const __half2 *yh = reinterpret_cast<const __half2 *>(&y);
+  const __half2 *bh = reinterpret_cast<const __half2 *>(&b);
+  uint4 r = has_res ? res[i] : make_uint4(0, 0, 0, 0);
+  const __half2 *rh = reinterpret_cast<const __half2 *>(&r);
+  uint4 o;
+  __half2 *oh = reinterpret_cast<__half2 *>(&o);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) oh[k] = pair(yh[k], __half22float2(bh[k]), rh, k, act, has_res);
+  return o;
+}
+
+extern "C" __global__ void bias_act_cl_f16x8(const uint4 *y, const uint4 *bias, const uint4 *res, uint4 *out,
+                                             unsigned int n8, unsigned int c8, int act, int has_res) {
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += blockDim.x * gridDim.x)
+    out[i] = eight(y[i], bias[i % c8], res, i, act, has_res);
+}
+
+// Channels last, into a channel slice of a wider buffer: the pixel's `c8` bias units go to
+// units `off8 .. off8 + c8` of its row of `stride8` units (8 halves each), so that a
+// concatenation's inputs are written in place by their producers. No residual.
+extern "C" __global__ void bias_act_cl_f16x8_into(const uint4 *y, const uint4 *bias, uint4 *out, unsigned int n8,
+                                                  unsigned int c8, unsigned int stride8, unsigned int off8, int act) {
+  for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += blockDim.x * gridDim.x) {
+    const unsigned int p = i / c8, ch = i - p * c8;
+    out[(size_t)p * stride8 + off8 + ch] = eight(y[i], bias[ch], nullptr, i, act, 0);
+  }
+}
