@@ -1,9 +1,9 @@
 //! Convolutions through cuDNN with one plan per shape: descriptors built and the algorithm
 //! chosen once, then reused by every later call of that shape. The candidates are the
 //! algorithms `cudnnFindConvolutionForwardAlgorithmEx` runs successfully (as PyTorch's
-//! `cudnn.benchmark`), each then timed on the device over launches back to back: the search's
-//! own timings have a floor of about 60 us on an H200, above what the small convolutions of
-//! yolov9t take, so it cannot rank them.
+//! `cudnn.benchmark`), each then timed by launches captured in a CUDA graph (`time_runs`): the
+//! search's own timings have a floor of about 60 us on an H200, above what the small
+//! convolutions of yolov9t take, so it cannot rank them.
 //!
 //! candle's own cuDNN path re-plans on every call (about 4 ms of host time each, measured on the
 //! on a data-centre GPU) and accumulates FP16 in FP16 (error 3.5e-3 to 7e-3). Here FP16 data is computed with
@@ -13,7 +13,7 @@
 //! (the head's depthwise 3x3) are one call, not one per group.
 //!
 //! A plan may run its batch as two halves, each through the half batch's own plan, where the
-//! search times the halves at least [`SPLIT_MARGIN`](crate::backend::conv::SPLIT_MARGIN) faster
+//! halves time at least [`SPLIT_MARGIN`](crate::backend::conv::SPLIT_MARGIN) faster
 //! than the whole: cuDNN's kernels for some shapes are far slower at one batch than at half of
 //! it (yolov9t's 24 -> 24 channels at 40x40 took 2.5x longer per picture at batch 32 than at 16
 //! on an H200, which made batch 32 slower than 16 as a whole).
@@ -57,10 +57,6 @@ fn find_workspace(io_bytes: usize) -> usize {
 fn algo_slack() -> f32 {
     crate::backend::tuning::get().cudnn_algo_slack as f32
 }
-
-/// Algorithm searches per convolution shape (they list the algorithms that run and the scratch
-/// each needs; the largest need over the searches counts).
-const FIND_TRIALS: usize = 1;
 
 /// `x.conv2d(w, padding, stride, 1, groups)` through cuDNN, or `None` when cuDNN cannot run this
 /// shape (then the caller takes candle's path; the shape is remembered and not tried again).
@@ -128,6 +124,12 @@ impl Key {
         self.y_dims().iter().map(|&d| d.max(0) as usize).product()
     }
 
+    /// Bytes of this key's input and output with elements of `elem` bytes: where the second
+    /// half starts when this key is a half batch.
+    fn bytes(&self, elem: usize) -> (u64, u64) {
+        ((self.x_elems() * elem) as u64, (self.y_elems() * elem) as u64)
+    }
+
     fn y_dims(&self) -> [i32; 4] {
         let o = |i: i32, k: i32| (i + 2 * self.pad - k) / self.stride + 1;
         [self.x[0], self.w[0], o(self.x[2], self.w[2]), o(self.x[3], self.w[3])]
@@ -178,7 +180,8 @@ struct Plan {
     y: TensorDesc,
     algo: sys::cudnnConvolutionFwdAlgo_t,
     workspace: usize,
-    /// The search's time for the chosen algorithm (ms).
+    /// The chosen algorithm's time for the whole batch (ms; `time_runs`, or the search's where
+    /// no algorithm could be timed).
     time: f32,
     /// Run as two halves of the batch through the half batch's plan.
     split: bool,
@@ -403,7 +406,7 @@ fn time_split<T: DeviceRepr>(
     let (wp, _gw) = w.device_ptr(&stream);
     let (yp, _gy) = y.device_ptr_mut(&stream);
     let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
-    let (dx, dy) = ((half.x_elems() * elem) as u64, (half.y_elems() * elem) as u64);
+    let (dx, dy) = half.bytes(elem);
     PLANS.with(|p| {
         let plans = p.borrow();
         let (Some(whole_plan), Some(half_plan)) = (plans.get(key), plans.get(&half)) else { candle_core::bail!("cuDNN plan vanished") };
@@ -442,7 +445,7 @@ unsafe fn enqueue(
     match (split, key.half()) {
         (None, _) => candle_core::bail!("cuDNN plan vanished"),
         (Some(true), Some(half)) => {
-            let (dx, dy) = ((half.x_elems() * elem) as u64, (half.y_elems() * elem) as u64);
+            let (dx, dy) = half.bytes(elem);
             // SAFETY: the halves of the caller's buffers, which hold twice `half`'s elements.
             unsafe {
                 enqueue(handle, dev, stream, &half, xp, wp, yp, elem)?;
@@ -564,8 +567,7 @@ fn plan<T: DeviceRepr>(
     // the largest scratch space the pool gives now, up to find_workspace()
     let mut ws: Option<CudaSlice<u8>> = None;
     let elem = std::mem::size_of::<T>();
-    let x_elems: usize = key.x.iter().map(|&d| d as usize).product();
-    let mut size = find_workspace((x_elems + y.len()) * elem);
+    let mut size = find_workspace((key.x_elems() + y.len()) * elem);
     while size >= (1 << 20) {
         // SAFETY: scratch space.
         if let Ok(b) = unsafe { dev.alloc::<u8>(size) } {
@@ -580,67 +582,55 @@ fn plan<T: DeviceRepr>(
     // (CUDNN_STATUS_SUCCESS, algorithm 0); cuDNN overwrites the entries it returns.
     let mut perf: [sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
     let mut returned: i32 = 0;
-    let mut timed: Vec<sys::cudnnConvolutionFwdAlgoPerf_t> = Vec::with_capacity(N);
-    for _ in 0..FIND_TRIALS {
-        let (xp, _gx) = x.device_ptr(&stream);
-        let (wp, _gw) = w.device_ptr(&stream);
-        let (yp, _gy) = y.device_ptr_mut(&stream);
-        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
-        // SAFETY: as for the forward call: descriptors match the buffers, whose pointers stay
-        // valid while the guards live; `perf` holds N entries and `returned` is written before
-        // it is read; the workspace holds `ws_size` bytes.
-        let status = unsafe {
-            sys::cudnnFindConvolutionForwardAlgorithmEx(
-                handle,
-                plan.x.0,
-                xp as *const c_void,
-                plan.w.0,
-                wp as *const c_void,
-                plan.conv.0,
-                plan.y.0,
-                yp as *mut c_void,
-                N as i32,
-                &mut returned,
-                perf.as_mut_ptr(),
-                wsp,
-                ws_size,
-            )
-        };
-        status.result().map_err(|e| err("algorithm search", e))?;
-        for p in perf[..returned.clamp(0, N as i32) as usize].iter().filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS) {
-            match timed.iter_mut().find(|t| t.algo == p.algo && t.mathType == p.mathType) {
-                Some(t) => {
-                    t.time = t.time.min(p.time);
-                    t.memory = t.memory.max(p.memory);
-                }
-                None => timed.push(*p),
-            }
+    let (xp, gx) = x.device_ptr(&stream);
+    let (wp, gw) = w.device_ptr(&stream);
+    let (yp, gy) = y.device_ptr_mut(&stream);
+    let (wsp, gws) = scratch_ptr(&mut ws, &stream);
+    // SAFETY: as for the forward call: descriptors match the buffers, whose pointers stay valid
+    // while the guards live; `perf` holds N entries and `returned` is written before it is
+    // read; the workspace holds `ws_size` bytes.
+    let status = unsafe {
+        sys::cudnnFindConvolutionForwardAlgorithmEx(
+            handle,
+            plan.x.0,
+            xp as *const c_void,
+            plan.w.0,
+            wp as *const c_void,
+            plan.conv.0,
+            plan.y.0,
+            yp as *mut c_void,
+            N as i32,
+            &mut returned,
+            perf.as_mut_ptr(),
+            wsp,
+            ws_size,
+        )
+    };
+    status.result().map_err(|e| err("algorithm search", e))?;
+    let found: Vec<sys::cudnnConvolutionFwdAlgoPerf_t> = perf[..returned.clamp(0, N as i32) as usize]
+        .iter()
+        .filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_size && admitted(key.f16, p.algo))
+        .copied()
+        .collect();
+    // each one the search ran, timed again in a graph (`time_runs`)
+    let mut usable: Vec<sys::cudnnConvolutionFwdAlgoPerf_t> = Vec::with_capacity(found.len());
+    for p in &found {
+        // SAFETY: a live descriptor owned by the plan; the math type is one cuDNN returned.
+        unsafe { result::set_convolution_math_type(plan.conv.0, p.mathType) }.map_err(|e| err("math type", e))?;
+        // SAFETY: as for the search: the descriptors match the buffers, kept alive and ordered by
+        // the guards until `time_runs` has waited for the runs; the workspace holds `ws_size`
+        // bytes, at least this algorithm's need.
+        match time_runs(&stream, || unsafe { forward(handle, &plan, p.algo, xp, wp, yp, wsp, ws_size) }) {
+            Ok(t) => usable.push(sys::cudnnConvolutionFwdAlgoPerf_t { time: t, ..*p }),
+            Err(e) if crate::backend::oom::is_oom(&e) => return Err(e),
+            Err(e) => tracing::debug!(shape = ?key, algo = ?p.algo, error = %e, "cuDNN algorithm failed its timed runs"),
         }
     }
-    // each usable algorithm timed again on the device, launches back to back (`time_runs`)
-    let mut usable: Vec<sys::cudnnConvolutionFwdAlgoPerf_t> = Vec::with_capacity(timed.len());
-    {
-        let (xp, _gx) = x.device_ptr(&stream);
-        let (wp, _gw) = w.device_ptr(&stream);
-        let (yp, _gy) = y.device_ptr_mut(&stream);
-        let (wsp, _gws) = scratch_ptr(&mut ws, &stream);
-        for p in timed.iter().filter(|p| p.memory <= ws_size && admitted(key.f16, p.algo)) {
-            // SAFETY: a live descriptor owned by the plan; the math type is one cuDNN returned.
-            unsafe { result::set_convolution_math_type(plan.conv.0, p.mathType) }.map_err(|e| err("math type", e))?;
-            // SAFETY: as for the search: the descriptors match the buffers, kept alive and
-            // ordered by the guards until `time_runs` has waited for the runs; the workspace
-            // holds `ws_size` bytes, at least this algorithm's need.
-            match time_runs(&stream, || unsafe { forward(handle, &plan, p.algo, xp, wp, yp, wsp, ws_size) }) {
-                Ok(t) => usable.push(sys::cudnnConvolutionFwdAlgoPerf_t { time: t, ..*p }),
-                Err(e) if crate::backend::oom::is_oom(&e) => return Err(e),
-                Err(e) => tracing::debug!(shape = ?key, algo = ?p.algo, error = %e, "cuDNN algorithm failed its timed runs"),
-            }
-        }
-    }
+    drop((gx, gw, gy, gws));
     drop(ws);
     if usable.is_empty() {
         // none could be timed (a capture refused): the search's own timings
-        usable = timed.iter().filter(|p| p.memory <= ws_size && admitted(key.f16, p.algo)).copied().collect();
+        usable = found;
     }
     let timings: Vec<crate::backend::conv::TimedAlgo> = usable
         .iter()
