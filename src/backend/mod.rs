@@ -48,8 +48,9 @@ pub use cuda::{
     epilogue::{bias_act, bias_act_into, bias_act_wide},
     fuse::add_upsampled,
     graph::GraphedForward,
-    head::decode_level,
+    head::{decode_level, decode_level_into},
     input::normalize as normalize_input,
+    nhwc,
     pool::pool as pool_nhwc,
 };
 #[cfg(feature = "cuda")]

@@ -1,5 +1,6 @@
 //! `yolo-edge bench`: throughput, latency and peak device memory against batch size, model only
-//! (a batch tensor in, raw output out, the device synchronised before the clock stops) and end
+//! (a normalised batch tensor on the device in, the raw output read where the pass leaves it, the
+//! device synchronised before the clock stops: as PyTorch's `model(x)` is timed) and end
 //! to end (JPEG files in, detections out), per model and dtype; OOM is a table entry, not a
 //! crash. Writes bench.md, bench.csv, bench.json and bench.png into `--out`.
 
@@ -147,9 +148,9 @@ fn outside_allocator(det: &Detector, meter: &PeakMeter) -> Option<u64> {
 fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
     match w {
         Work::Model(x) => {
-            let y = det.forward(x)?;
+            let n = det.forward_with(x, |y| y.dim(0))?;
             det.device().synchronize()?;
-            Ok(y.dim(0)?)
+            Ok(n)
         }
         Work::E2e { files, th, feed } => {
             // one batch alone, from the files to the detections: the latency a picture sees

@@ -236,7 +236,7 @@ impl Detector {
         // u8 -> dtype and /255 on the device, NHWC -> NCHW: on CUDA one kernel
         #[cfg(feature = "cuda")]
         if x.device().is_cuda() {
-            return crate::backend::normalize_input(&x, self.dtype());
+            return crate::backend::normalize_input(&x, self.dtype(), false);
         }
         x.to_dtype(self.dtype())?.permute((0, 3, 1, 2))?.contiguous()? / 255.0
     }
@@ -275,10 +275,22 @@ impl Detector {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let _arena = crate::backend::serve_arena(self.device());
         #[cfg(feature = "cuda")]
-        if let Some(y) = self.graphed(x, &|t| self.model.forward(t), |y| y.copy()) {
+        if let Some(y) = self.graphed(x, &|t, out| self.model.forward_into(t, out), |y| y.copy()) {
             return y;
         }
         self.model.forward(x)
+    }
+
+    /// `f` of the raw output of `x` as [`Detector::forward`] computes it, read in place: from a
+    /// graph's own output buffer (no copy out of it) where graphs run. `bench` times the model
+    /// this way, as PyTorch's `model(x)` is timed.
+    pub fn forward_with<R>(&self, x: &Tensor, mut f: impl FnMut(&Tensor) -> candle_core::Result<R>) -> candle_core::Result<R> {
+        let _arena = crate::backend::serve_arena(self.device());
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.graphed(x, &|t, out| self.model.forward_into(t, out), |y| f(y)) {
+            return r;
+        }
+        f(&self.model.forward(x)?)
     }
 
     /// Whether passes on this detector's device replay graphs now.
@@ -312,8 +324,16 @@ impl Detector {
             Ok(x) => x,
             Err(e) => return Some(Err(e)),
         };
-        let dtype = self.dtype();
-        self.graphed(&x, &|t| crate::backend::normalize_input(t, dtype).and_then(|n| self.model.forward(&n)), f)
+        self.graphed(&x, &|t, out| self.pictures_pass(t, out), f)
+    }
+
+    /// The pass from uploaded u8 pictures `(B, H, W, 3)`, normalised straight into the model's
+    /// own layout (channels last on CUDA with cuDNN: no relayout); `out` as for
+    /// [`YoloV9::forward_into`].
+    #[cfg(feature = "cuda")]
+    fn pictures_pass(&self, t: &Tensor, out: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let channels_last = self.model.lay() == crate::model::layout::Lay::Nhwc;
+        crate::backend::normalize_input(t, self.dtype(), channels_last).and_then(|n| self.model.forward_laid(&n, out))
     }
 
     /// `f` of the output of `pass` on `x` by one graph launch (captured on first use for this
@@ -324,7 +344,7 @@ impl Detector {
     fn graphed<R>(
         &self,
         x: &Tensor,
-        pass: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>,
+        pass: &dyn Fn(&Tensor, Option<&Tensor>) -> candle_core::Result<Tensor>,
         f: impl FnOnce(&Tensor) -> candle_core::Result<R>,
     ) -> Option<candle_core::Result<R>> {
         use crate::backend::GraphedForward;
@@ -469,13 +489,12 @@ impl Detector {
         if b != geometries.len() || c != 3 || geometries.iter().any(|g| (g.in_w as usize, g.in_h as usize) != (w, h)) {
             candle_core::bail!("{b} pictures of {w}x{h} with {} geometries that do not all match", geometries.len());
         }
-        let dtype = self.dtype();
-        let pass = |t: &Tensor| crate::backend::normalize_input(t, dtype).and_then(|n| self.model.forward(&n));
+        let pass = |t: &Tensor, out: Option<&Tensor>| self.pictures_pass(t, out);
         let cands = match self.graphed(x, &pass, |raw| self.candidates(raw, th.conf)) {
             Some(c) => c?,
             None => {
                 let _arena = crate::backend::serve_arena(self.device());
-                self.candidates(&pass(x)?, th.conf)?
+                self.candidates(&pass(x, None)?, th.conf)?
             }
         };
         Ok(self.finish(cands, geometries, th))

@@ -199,7 +199,7 @@ impl Conv {
             if c != cin_g {
                 candle_core::bail!("1x1 convolution of {c} channels with a weight for {cin_g}");
             }
-            let x2 = x.contiguous()?.reshape((n * h * w, c))?;
+            let x2 = Lay::Nhwc.contiguous_c(x)?.reshape((n * h * w, c))?;
             return x2.matmul(&self.weight.reshape((co, cin_g))?.t()?)?.reshape((n, h, w, co));
         }
         #[cfg(feature = "cudnn")]
@@ -424,7 +424,16 @@ impl Conv {
 
 /// `src` copied into channels `offset..` of `buf` (channels last).
 fn copy_into(buf: &Tensor, src: &Tensor, offset: usize) -> candle_core::Result<()> {
-    crate::backend::profile::scope(|| format!("copy into concat{}", Lay::Nhwc.shape_tag(src)), || buf.slice_set(src, 3, offset))
+    crate::backend::profile::scope(
+        || format!("copy into concat{}", Lay::Nhwc.shape_tag(src)),
+        || {
+            #[cfg(feature = "cuda")]
+            if let Some(r) = crate::backend::nhwc::copy_into(buf, offset, src) {
+                return r;
+            }
+            buf.slice_set(src, 3, offset)
+        },
+    )
 }
 
 impl Module for Conv {
@@ -593,7 +602,7 @@ impl Module for Elan {
             let half = c3.div_ceil(2);
             let y1 = crate::backend::profile::scope(
                 || format!("split copy{}", lay.shape_tag(&buf)),
-                || lay.narrow_c(&buf, half, c3 - half)?.contiguous(),
+                || lay.contiguous_c(&lay.narrow_c(&buf, half, c3 - half)?),
             )?;
             let y2 = self.cv2.forward(&y1)?;
             if c3 + 2 * y2.dim(3)? != width {
@@ -610,7 +619,7 @@ impl Module for Elan {
         // channels last, the slice is strided on every pixel: copied once here rather than by
         // each convolution that reads it
         let y1 = if lay == Lay::Nhwc {
-            crate::backend::profile::scope(|| format!("split copy{}", lay.shape_tag(&y1)), || y1.contiguous())?
+            crate::backend::profile::scope(|| format!("split copy{}", lay.shape_tag(&y1)), || lay.contiguous_c(&y1))?
         } else {
             y1
         };

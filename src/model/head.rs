@@ -142,13 +142,25 @@ impl Detect {
         Ok((a, s))
     }
 
-    /// Raw output `(B, 4 + nc, A)`: xywh in input pixels, then sigmoid class scores.
-    pub fn forward(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
-        let b = feats[0].dim(0)?;
+    /// Raw output `(B, 4 + nc, A)`: xywh in input pixels, then sigmoid class scores. Where `out`
+    /// is given (shaped and typed as the raw output), written there and returned as that tensor.
+    pub fn forward(&self, feats: &[Tensor], input_hw: (usize, usize), out: Option<&Tensor>) -> candle_core::Result<Tensor> {
         #[cfg(feature = "cuda")]
         if self.lay == Lay::Nhwc && feats[0].device().is_cuda() {
-            return self.forward_fused(feats, input_hw);
+            return self.forward_fused(feats, input_hw, out);
         }
+        let y = self.forward_unfused(feats, input_hw)?;
+        match out {
+            Some(o) => {
+                o.slice_set(&y, 0, 0)?;
+                Ok(o.clone())
+            }
+            None => Ok(y),
+        }
+    }
+
+    fn forward_unfused(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
+        let b = feats[0].dim(0)?;
         let mut box_parts = Vec::with_capacity(feats.len());
         let mut cls_parts = Vec::with_capacity(feats.len());
         for (i, f) in feats.iter().enumerate() {
@@ -160,21 +172,35 @@ impl Detect {
         crate::backend::profile::scope(|| "head: DFL + decode".into(), || self.decode(feats, input_hw, b, &box_parts, &cls_parts))
     }
 
-    /// The CUDA path of [`Self::forward`] on channels-last features: the branches, then one decode
-    /// kernel per level (`crate::backend::decode_level`) and one concatenation of the levels' outputs.
+    /// The CUDA path of [`Self::forward`] on channels-last features: for each level its branches,
+    /// then one decode kernel (`crate::backend::decode_level`) that writes the level's anchors of
+    /// the one raw output.
     #[cfg(feature = "cuda")]
-    fn forward_fused(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
-        let mut levels = Vec::with_capacity(feats.len());
+    fn forward_fused(&self, feats: &[Tensor], input_hw: (usize, usize), out: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let mut total = 0;
+        for f in feats {
+            let (_, h, w) = self.lay.chw(f)?;
+            total += h * w;
+        }
+        let mut out = out.cloned();
+        let mut offset = 0;
         for (i, f) in feats.iter().enumerate() {
             let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
-            let (_, h, _) = self.lay.chw(f)?;
+            let (_, h, w) = self.lay.chw(f)?;
             let stride = (input_hw.0 / h.max(1)) as f32;
-            levels.push(crate::backend::profile::scope(
+            crate::backend::profile::scope(
                 || "head: DFL + decode (fused)".into(),
-                || crate::backend::decode_level(&bx, &cl, &self.proj_f32, stride),
-            )?);
+                || match &out {
+                    None => {
+                        out = Some(crate::backend::decode_level(&bx, &cl, &self.proj_f32, stride, total)?);
+                        Ok(())
+                    }
+                    Some(o) => crate::backend::decode_level_into(o, offset, &bx, &cl, &self.proj_f32, stride),
+                },
+            )?;
+            offset += h * w;
         }
-        crate::backend::profile::scope(|| "head: concat levels".into(), || Tensor::cat(&levels, 2))
+        out.ok_or_else(|| candle_core::Error::Msg("detection head without levels".into()))
     }
 
     /// DFL expectation, anchor decode and sigmoid over the flattened branch outputs.

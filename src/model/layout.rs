@@ -7,7 +7,9 @@
 //! batch (time, and on a free card 2x PyTorch's memory per picture; BENCHMARKS.md, "Settled experiments").
 //! Channels last, a 1x1 convolution is one plain GEMM over `(N*H*W, C)` and the re-layout is
 //! gone. The tensors of an NHWC model are physically `(N, H, W, C)` and contiguous; the model's
-//! input and output keep the reference's shapes, so callers never see the difference.
+//! input and output keep the reference's shapes, so callers never see the difference. On CUDA the
+//! NHWC moves (channel slices, concatenation, upsampling, the input's relayout) are the project's
+//! 16-byte kernels (`backend::nhwc`), candle's strided copies where those do not apply.
 
 use candle_core::Tensor;
 
@@ -64,6 +66,10 @@ impl Lay {
         match self {
             Lay::Nchw => Tensor::cat(xs, 1),
             Lay::Nhwc => {
+                #[cfg(feature = "cuda")]
+                if let Some(r) = crate::backend::nhwc::cat_c(&xs.iter().map(AsRef::as_ref).collect::<Vec<_>>()) {
+                    return r;
+                }
                 // candle concatenates contiguous tensors on the last dimension with one strided
                 // copy each; a channel slice is made contiguous first
                 let xs = xs.iter().map(|x| x.as_ref().contiguous()).collect::<candle_core::Result<Vec<_>>>()?;
@@ -100,6 +106,11 @@ impl Lay {
                     candle_core::bail!("NHWC upsample from {ih}x{iw} to {h}x{w}: not an integer factor");
                 }
                 let (fh, fw) = (h / ih, w / iw);
+                let x = &self.contiguous_c(x)?;
+                #[cfg(feature = "cuda")]
+                if let Some(r) = crate::backend::nhwc::upsample(x, fh, fw) {
+                    return r;
+                }
                 // one strided copy: every input pixel broadcast over an fh x fw block
                 x.reshape((n, ih, 1, iw, 1, c))?.broadcast_as((n, ih, fh, iw, fw, c))?.contiguous()?.reshape((n, h, w, c))
             }
@@ -110,8 +121,25 @@ impl Lay {
     pub fn from_nchw(self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Lay::Nchw => Ok(x.clone()),
-            Lay::Nhwc => x.permute((0, 2, 3, 1))?.contiguous(),
+            Lay::Nhwc => {
+                #[cfg(feature = "cuda")]
+                if let Some(r) = crate::backend::nhwc::from_nchw(x) {
+                    return r;
+                }
+                x.permute((0, 2, 3, 1))?.contiguous()
+            }
         }
+    }
+
+    /// A channel slice ([`Lay::narrow_c`]) as a contiguous tensor of its own.
+    pub fn contiguous_c(self, x: &Tensor) -> candle_core::Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if self == Lay::Nhwc {
+            if let Some(r) = crate::backend::nhwc::contiguous(x) {
+                return r;
+            }
+        }
+        x.contiguous()
     }
 
     /// An activation of this layout as NCHW (the head's small outputs).

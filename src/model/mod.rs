@@ -316,9 +316,22 @@ impl YoloV9 {
     /// Runs the network on a normalised batch `(B, 3, H, W)` (values in 0..1, the model's dtype)
     /// and returns the reference's raw output `(B, 4 + nc, anchors)`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (_, _, h, w) = x.dims4()?;
+        self.forward_into(x, None)
+    }
+
+    /// [`Self::forward`], with `out` (shaped and typed as the raw output) the buffer the raw
+    /// output is written to and returned as (a CUDA graph's fixed output).
+    pub fn forward_into(&self, x: &Tensor, out: Option<&Tensor>) -> candle_core::Result<Tensor> {
         let lay = self.lay;
-        let x = &crate::backend::profile::scope(|| "input relayout".into(), || lay.from_nchw(x))?;
+        self.forward_laid(&crate::backend::profile::scope(|| "input relayout".into(), || lay.from_nchw(x))?, out)
+    }
+
+    /// [`Self::forward_into`] on an input already in the model's own layout ([`Self::lay`]):
+    /// `(B, 3, H, W)` for NCHW, `(B, H, W, 3)` for NHWC (as the network input is normalised on
+    /// CUDA).
+    pub fn forward_laid(&self, x: &Tensor, out: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let lay = self.lay;
+        let (_, h, w) = lay.chw(x)?;
         let mut outs: Vec<Option<Out>> = (0..self.layers.len()).map(|_| None).collect();
         for (i, (spec, layer)) in self.specs.iter().zip(&self.layers).enumerate() {
             let input = |k: usize, outs: &Vec<Option<Out>>| -> candle_core::Result<Tensor> {
@@ -362,7 +375,7 @@ impl YoloV9 {
                 }
                 Layer::Detect(d) => {
                     let feats = (0..spec.from.len()).map(|k| input(k, &outs)).collect::<candle_core::Result<Vec<_>>>()?;
-                    return d.forward(&feats, (h, w));
+                    return d.forward(&feats, (h, w), out);
                 }
             };
             outs[i] = Some(out);

@@ -5,11 +5,12 @@
 //! A graph is captured once per (batch, input shape) on the inference thread, after two warm
 //! passes have planned every cuDNN convolution, built the head's anchors and filled candle's
 //! cache of small host uploads (the layout arguments of its strided kernels, which cannot be
-//! copied inside a capture). Its input and output live in fixed buffers: a call copies the
-//! batch into the input buffer (a smaller batch into its first pictures: the rest of the pass
-//! computes pictures nobody reads), launches the graph and returns a copy of the output rows it
-//! asked for, so a caller may keep the result across calls ([`GraphedForward::run`]), or lends
-//! those rows in place until the next launch ([`GraphedForward::launch`]).
+//! copied inside a capture). Its input and output live in fixed buffers (the pass's head writes
+//! the output buffer itself): a call copies the batch into the input buffer (a smaller batch into
+//! its first pictures: the rest of the pass computes pictures nobody reads), launches the graph
+//! and returns a copy of the output rows it asked for, so a caller may keep the result across
+//! calls ([`GraphedForward::run`]), or lends those rows in place until the next launch
+//! ([`GraphedForward::launch`]).
 //!
 //! Memory: the capture allocates in the arena's graph region, which every graph of the process
 //! shares (`crate::backend::arena`, [`serve_graph`](crate::backend::arena::serve_graph)), so the
@@ -49,8 +50,10 @@ fn derr(what: &str) -> impl Fn(candle_core::cuda_backend::cudarc::driver::Driver
 
 impl GraphedForward {
     /// Captures the pass `forward` (a model's forward pass) for inputs shaped like `x`; it runs
-    /// twice eagerly first, to warm everything up.
-    pub fn capture(forward: impl Fn(&Tensor) -> candle_core::Result<Tensor>, x: &Tensor) -> candle_core::Result<Self> {
+    /// twice eagerly first, to warm everything up. `forward(x, out)` with `out` a buffer shaped and
+    /// typed like its result writes the result there (the captured pass writes the graph's
+    /// output buffer); a pass that returns some other tensor is copied into it.
+    pub fn capture(forward: impl Fn(&Tensor, Option<&Tensor>) -> candle_core::Result<Tensor>, x: &Tensor) -> candle_core::Result<Self> {
         let Device::Cuda(dev) = x.device() else { candle_core::bail!("CUDA graphs need a CUDA device") };
         let dev = dev.clone();
         let stream = dev.cuda_stream();
@@ -61,8 +64,8 @@ impl GraphedForward {
         crate::backend::arena::park_graph_region(x.device()).map_err(msg("giving the graph region back"))?;
         let warm = (|| {
             let input = x.contiguous()?.copy()?;
-            forward(&input)?;
-            let y = forward(&input)?;
+            forward(&input, None)?;
+            let y = forward(&input, None)?;
             let out = (y.dims().to_vec(), y.dtype());
             drop((input, y));
             stream.synchronize().map_err(derr("warm-up"))?;
@@ -85,7 +88,9 @@ impl GraphedForward {
         crate::backend::profile::forget_spans();
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(derr("begin capture"))?;
         // the capture must be ended whatever happens inside it, or the stream stays unusable
-        let captured = forward(&input).and_then(|y| output.slice_set(&y.contiguous()?, 0, 0));
+        let captured =
+            forward(&input, Some(&output))
+                .and_then(|y| if y.id() == output.id() { Ok(()) } else { output.slice_set(&y.contiguous()?, 0, 0) });
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
         drop(region);
         // the region's blocks go back for the next capture to reuse; only the graph's own input

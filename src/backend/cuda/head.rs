@@ -1,24 +1,38 @@
 //! The head's decode on CUDA in one kernel per level (`kernels/head.cu`): DFL softmax and
 //! expectation, anchor decode to xywh pixels and class sigmoids, straight from the channels-last
-//! branch outputs to the reference's raw output layout.
+//! branch outputs into the reference's raw output, each level into its own anchors of one buffer.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaViewMut, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, InplaceOp3, Layout, Shape, Storage, Tensor};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/head.ptx"));
 const MODULE: &str = "yolo_edge_head";
 
-/// Raw output `(B, 4 + nc, H*W)` of one level from its box branch `(B, H, W, 4 * reg_max)` and
-/// class branch `(B, H, W, nc)` (NHWC, CUDA), with the DFL weights `proj` (`reg_max` f32) and
-/// the level's `stride` in input pixels.
-pub fn decode_level(boxes: &Tensor, classes: &Tensor, proj: &Tensor, stride: f32) -> candle_core::Result<Tensor> {
-    boxes.contiguous()?.apply_op3_no_bwd(&classes.contiguous()?, &proj.contiguous()?, &Decode { stride })
+/// A new raw output `(B, 4 + nc, total)` holding the first level's anchors `0..H*W`, from its box
+/// branch `(B, H, W, 4 * reg_max)` and class branch `(B, H, W, nc)` (NHWC, CUDA), with the DFL
+/// weights `proj` (`reg_max` f32) and the level's `stride` in input pixels. The other anchors are
+/// not written: the caller writes every later level with [`decode_level_into`] before any read.
+pub fn decode_level(boxes: &Tensor, classes: &Tensor, proj: &Tensor, stride: f32, total: usize) -> candle_core::Result<Tensor> {
+    boxes.contiguous()?.apply_op3_no_bwd(&classes.contiguous()?, &proj.contiguous()?, &Decode { stride, total })
+}
+
+/// Writes a later level's anchors `offset..offset + H*W` into `out` (from [`decode_level`]).
+pub fn decode_level_into(
+    out: &Tensor,
+    offset: usize,
+    boxes: &Tensor,
+    classes: &Tensor,
+    proj: &Tensor,
+    stride: f32,
+) -> candle_core::Result<()> {
+    out.inplace_op3(&boxes.contiguous()?, &classes.contiguous()?, &DecodeInto { proj: proj.contiguous()?, stride, offset })
 }
 
 struct Decode {
     stride: f32,
+    total: usize,
 }
 
 impl CustomOp3 for Decode {
@@ -47,58 +61,133 @@ impl CustomOp3 for Decode {
         pj: &CudaStorage,
         pl: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let (n, h, w, r4) = bl.shape().dims4()?;
-        let (cn, ch, cw, nc) = cll.shape().dims4()?;
-        let reg = pl.shape().elem_count();
-        if (cn, ch, cw) != (n, h, w) || r4 != 4 * reg || reg == 0 || nc == 0 {
-            candle_core::bail!("dfl-decode: boxes {:?}, classes {:?} and {reg} DFL weights do not fit", bl.shape(), cll.shape());
-        }
-        if !bl.is_contiguous() || !cll.is_contiguous() || !pl.is_contiguous() || pj.dtype() != DType::F32 || bx.dtype() != cl.dtype() {
-            candle_core::bail!("dfl-decode: contiguous boxes and classes of one dtype and f32 DFL weights expected");
-        }
-        if n * h * w * (4 + nc).max(r4) > u32::MAX as usize {
-            candle_core::bail!("dfl-decode: {n} pictures of {h}x{w} is more than one launch indexes");
-        }
-        let dims = [n, h, w, nc, reg].map(|v| v as u32);
+        let dims = check((bx, bl), (cl, cll), (pj, pl), self.total, 0)?;
+        let [n, _, _, nc, _] = dims;
+        let elems = n as usize * (4 + nc as usize) * self.total;
+        let dev = bx.device();
         let slice = match bx.dtype() {
-            DType::F16 => CudaStorageSlice::F16(go::<half::f16>((bx, bl), (cl, cll), (pj, pl), "decode_f16", dims, self.stride)?),
-            DType::F32 => CudaStorageSlice::F32(go::<f32>((bx, bl), (cl, cll), (pj, pl), "decode_f32", dims, self.stride)?),
+            DType::F16 => {
+                // SAFETY: this level's anchors are written below, the others by the caller's
+                // `decode_level_into` before any read (documented on `decode_level`).
+                let mut out = unsafe { dev.alloc::<half::f16>(elems)? };
+                go::<half::f16>((bx, bl), (cl, cll), (pj, pl), &mut out.slice_mut(..), "decode_f16", dims, self.stride, (self.total, 0))?;
+                CudaStorageSlice::F16(out)
+            }
+            DType::F32 => {
+                // SAFETY: as above.
+                let mut out = unsafe { dev.alloc::<f32>(elems)? };
+                go::<f32>((bx, bl), (cl, cll), (pj, pl), &mut out.slice_mut(..), "decode_f32", dims, self.stride, (self.total, 0))?;
+                CudaStorageSlice::F32(out)
+            }
             dt => candle_core::bail!("dfl-decode: unsupported dtype {dt:?}"),
         };
-        Ok((CudaStorage { slice, device: bx.device().clone() }, Shape::from((n, 4 + nc, h * w))))
+        Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((n as usize, 4 + nc as usize, self.total))))
     }
+}
+
+struct DecodeInto {
+    proj: Tensor,
+    stride: f32,
+    offset: usize,
+}
+
+impl InplaceOp3 for DecodeInto {
+    fn name(&self) -> &'static str {
+        "dfl-decode-into"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("dfl-decode-into: CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        out: &mut CudaStorage,
+        ol: &Layout,
+        bx: &CudaStorage,
+        bl: &Layout,
+        cl: &CudaStorage,
+        cll: &Layout,
+    ) -> candle_core::Result<()> {
+        let (on, rows, total) = ol.shape().dims3()?;
+        let (guard, pl) = self.proj.storage_and_layout();
+        let Storage::Cuda(pj) = &*guard else { candle_core::bail!("dfl-decode-into: DFL weights not on the GPU") };
+        let dims = check((bx, bl), (cl, cll), (pj, pl), total, self.offset)?;
+        let [n, _, _, nc, _] = dims;
+        if (on, rows) != (n as usize, 4 + nc as usize) || !ol.is_contiguous() || out.dtype() != bx.dtype() {
+            candle_core::bail!("dfl-decode-into: {n} pictures of {} rows into {:?}", 4 + nc, ol.shape());
+        }
+        let at = (total, self.offset);
+        match bx.dtype() {
+            DType::F16 => {
+                let mut o = out.as_cuda_slice_mut::<half::f16>()?.slice_mut(ol.start_offset()..);
+                go::<half::f16>((bx, bl), (cl, cll), (pj, pl), &mut o, "decode_f16", dims, self.stride, at)
+            }
+            DType::F32 => {
+                let mut o = out.as_cuda_slice_mut::<f32>()?.slice_mut(ol.start_offset()..);
+                go::<f32>((bx, bl), (cl, cll), (pj, pl), &mut o, "decode_f32", dims, self.stride, at)
+            }
+            dt => candle_core::bail!("dfl-decode-into: unsupported dtype {dt:?}"),
+        }
+    }
+}
+
+/// `[n, h, w, nc, reg]` of one level's branches, checked against each other, the DFL weights and
+/// the anchors `offset..offset + h*w` of an output of `total` anchors.
+fn check((bx, bl): Arg, (cl, cll): Arg, (pj, pl): Arg, total: usize, offset: usize) -> candle_core::Result<[u32; 5]> {
+    let (n, h, w, r4) = bl.shape().dims4()?;
+    let (cn, ch, cw, nc) = cll.shape().dims4()?;
+    let reg = pl.shape().elem_count();
+    if (cn, ch, cw) != (n, h, w) || r4 != 4 * reg || reg == 0 || nc == 0 {
+        candle_core::bail!("dfl-decode: boxes {:?}, classes {:?} and {reg} DFL weights do not fit", bl.shape(), cll.shape());
+    }
+    if !bl.is_contiguous() || !cll.is_contiguous() || !pl.is_contiguous() || pj.dtype() != DType::F32 || bx.dtype() != cl.dtype() {
+        candle_core::bail!("dfl-decode: contiguous boxes and classes of one dtype and f32 DFL weights expected");
+    }
+    if offset + h * w > total {
+        candle_core::bail!("dfl-decode: {} anchors at {offset} of {total}", h * w);
+    }
+    if n * h * w * (4 + nc).max(r4) > u32::MAX as usize || n * (4 + nc) * total > u32::MAX as usize {
+        candle_core::bail!("dfl-decode: {n} pictures of {h}x{w} is more than one launch indexes");
+    }
+    Ok([n, h, w, nc, reg].map(|v| v as u32))
 }
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
+#[allow(clippy::too_many_arguments)]
 fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
     (bx, bl): Arg,
     (cl, cll): Arg,
     (pj, pl): Arg,
+    out: &mut CudaViewMut<T>,
     kernel: &str,
     dims: [u32; 5],
     stride: f32,
-) -> candle_core::Result<CudaSlice<T>> {
+    (total, offset): (usize, usize),
+) -> candle_core::Result<()> {
     let dev = bx.device();
     let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
     let bv = bx.as_cuda_slice::<T>()?.slice(bl.start_offset()..);
     let cv = cl.as_cuda_slice::<T>()?.slice(cll.start_offset()..);
     let pv = pj.as_cuda_slice::<f32>()?.slice(pl.start_offset()..);
-    let [n, h, w, nc, _] = dims;
+    let [n, h, w, _, _] = dims;
     let anchors = (n * h * w) as usize;
-    // SAFETY: every element (4 + nc per anchor) is written by the kernel below.
-    let out = unsafe { dev.alloc::<T>(anchors * (4 + nc as usize))? };
     let cfg = super::grid(anchors, 128);
+    let (total, offset) = (total as u32, offset as u32);
     let mut builder = func.builder();
     builder.arg(&bv);
     builder.arg(&cv);
     builder.arg(&pv);
-    builder.arg(&out);
+    builder.arg(out);
     for d in &dims {
         builder.arg(d);
     }
     builder.arg(&stride);
-    // SAFETY: argument list matches `kernels/head.cu`; shapes checked by the caller.
+    builder.arg(&total);
+    builder.arg(&offset);
+    // SAFETY: argument list matches `kernels/head.cu`; shapes checked by `check`: the kernel
+    // writes anchors `offset..offset + h*w` of each of the `n` pictures' `4 + nc` rows of `total`.
     unsafe { builder.launch(cfg) }.w()?;
-    Ok(out)
+    Ok(())
 }

@@ -1,5 +1,6 @@
-//! The network input on CUDA in one kernel: uploaded u8 pictures `(B, S, S, 3)` become the
-//! normalised `(B, 3, S, S)` input (`kernels/input.cu`).
+//! The network input on CUDA in one kernel: uploaded u8 pictures `(B, H, W, 3)` become the
+//! normalised input, `(B, 3, H, W)` for an NCHW model or `(B, H, W, 3)` for a channels-last one
+//! (`kernels/input.cu`).
 //!
 //! candle's chain for the same (`to_dtype`, `permute` + `contiguous`, `/ 255`) is three launches
 //! and leaves three full-size tensors in the pool per batch, freed in an order that fragments it;
@@ -13,13 +14,15 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape, Tens
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/input.ptx"));
 const MODULE: &str = "yolo_edge_input";
 
-/// `x / 255` as `dtype` (f16 or f32), NHWC u8 -> NCHW, for `x` on a CUDA device.
-pub fn normalize(x: &Tensor, dtype: DType) -> candle_core::Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&Normalize { dtype })
+/// `x / 255` as `dtype` (f16 or f32) for NHWC u8 `x` on a CUDA device: NCHW, or NHWC with
+/// `channels_last`.
+pub fn normalize(x: &Tensor, dtype: DType, channels_last: bool) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&Normalize { dtype, channels_last })
 }
 
 struct Normalize {
     dtype: DType,
+    channels_last: bool,
 }
 
 impl CustomOp1 for Normalize {
@@ -40,12 +43,16 @@ impl CustomOp1 for Normalize {
         if pixels * 3 > u32::MAX as usize {
             candle_core::bail!("normalize-input: {b} pictures of {h}x{w} is more than one launch indexes");
         }
+        let cl = self.channels_last;
         let slice = match self.dtype {
-            DType::F16 => CudaStorageSlice::F16(go::<half::f16>(x, l, "normalize_f16", pixels, h * w)?),
-            DType::F32 => CudaStorageSlice::F32(go::<f32>(x, l, "normalize_f32", pixels, h * w)?),
+            DType::F16 => {
+                CudaStorageSlice::F16(go::<half::f16>(x, l, if cl { "normalize_cl_f16" } else { "normalize_f16" }, cl, pixels, h * w)?)
+            }
+            DType::F32 => CudaStorageSlice::F32(go::<f32>(x, l, if cl { "normalize_cl_f32" } else { "normalize_f32" }, cl, pixels, h * w)?),
             dt => candle_core::bail!("normalize-input: unsupported dtype {dt:?}"),
         };
-        Ok((CudaStorage { slice, device: x.device().clone() }, Shape::from((b, 3, h, w))))
+        let shape = if cl { Shape::from((b, h, w, 3)) } else { Shape::from((b, 3, h, w)) };
+        Ok((CudaStorage { slice, device: x.device().clone() }, shape))
     }
 }
 
@@ -53,6 +60,7 @@ fn go<T: DeviceRepr>(
     x: &CudaStorage,
     l: &Layout,
     kernel: &str,
+    channels_last: bool,
     pixels: usize,
     hw: usize,
 ) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
@@ -61,12 +69,18 @@ fn go<T: DeviceRepr>(
     let xv = x.as_cuda_slice::<u8>()?.slice(l.start_offset()..);
     // SAFETY: every element (3 per pixel) is written by the kernel below.
     let out = unsafe { dev.alloc::<T>(pixels * 3)? };
-    let cfg = super::grid(pixels, 256);
-    let (pixels, hw) = (pixels as u32, hw as u32);
     let mut builder = func.builder();
     builder.arg(&xv);
-    builder.arg(&pixels);
-    builder.arg(&hw);
+    // the NCHW kernel takes a thread per pixel, the channels-last one a thread per element
+    let (cfg, units, hw) = if channels_last {
+        (super::grid(pixels * 3, 256), (pixels * 3) as u32, None)
+    } else {
+        (super::grid(pixels, 256), pixels as u32, Some(hw as u32))
+    };
+    builder.arg(&units);
+    if let Some(hw) = &hw {
+        builder.arg(hw);
+    }
     builder.arg(&out);
     // SAFETY: argument list matches `kernels/input.cu`; the input holds 3 bytes per pixel from its
     // offset (contiguous), the output 3 elements per pixel.

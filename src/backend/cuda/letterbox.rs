@@ -83,11 +83,11 @@ impl Letterboxer {
                 0
             } else {
                 let key = (src.w, src.h, g.new_w, g.new_h);
-                if !self.taps.contains_key(&key) {
-                    let t = dev.clone_htod(&tap_table(src.w, src.h, g.new_w, g.new_h)?)?;
-                    self.taps.insert(key, t);
-                }
-                let (ptr, _record) = self.taps[&key].device_ptr(&stream);
+                let t = match self.taps.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(dev.clone_htod(&tap_table(src.w, src.h, g.new_w, g.new_h)?)?),
+                };
+                let (ptr, _record) = t.device_ptr(&stream);
                 ptr
             };
             table.extend_from_slice(&[

@@ -1,7 +1,7 @@
 //! The CUDA path of the acceleration layer: convolutions through cuDNN plans ([`cudnn`], with
 //! feature `cudnn`), the project's fused kernels (`kernels/*.cu`, compiled to PTX by `build.rs`:
-//! conv [`epilogue`], CBFuse [`fuse`], channels-last [`pool`]ing, [`head`] decode, network
-//! [`input`] normalisation, score [`candidates`]), one forward pass replayed as a CUDA
+//! conv [`epilogue`], CBFuse [`fuse`], channels-last [`pool`]ing and data movement ([`nhwc`]),
+//! [`head`] decode, network [`input`] normalisation, score [`candidates`]), one forward pass replayed as a CUDA
 //! [`graph`], and JPEG pictures to the network input on the GPU ([`jpeg`]: nvJPEG decoding, then
 //! the device [`letterbox`]; [`jpeg_selfcheck`] checks both on the machine that has the GPU).
 //!
@@ -19,6 +19,7 @@ pub mod input;
 pub mod jpeg;
 pub mod jpeg_selfcheck;
 pub mod letterbox;
+pub mod nhwc;
 pub mod pool;
 
 /// The launch shape of the project's grid-stride kernels: `block` threads per block and enough
