@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile algos shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile algos shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras agentjpeg" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -27,6 +27,8 @@
 #      CAM_CLIP (h264-1920x1080-30s.mp4, under $DEV) CAM_STREAMS (1,4,8,16) CAM_MODES (fast,realtime)
 #      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
 #      PLANSOAK_CASES ("t:4GiB t:16GiB c:4GiB c:16GiB") PLANSOAK_SECONDS (6): step plansoak
+#      AGENTJPEG_DECODERS (cpu,nvjpeg) AGENTJPEG_COUNT (3000) AGENTJPEG_MAX_BATCH (64): step agentjpeg
+#      (scripts/bench_folder.py; mosquitto from $DEV/gst.tar.xz or the machine)
 #      RECT_MODELS (real,t,c) RECT_TIMEOUT (420): step rectparity
 #      ALGO_VARIANTS (t) ALGO_ROUNDS (4) ALGO_BATCHES (1,2,4,8,16,32,64): step algos
 #      SHAPE_CASES ("t:4GiB c:4GiB t:16GiB") SHAPES (640x384,640x480,480x640,640x640) SHAPE_TIMEOUT (240): step shapes
@@ -627,6 +629,27 @@ if has cameras; then
     cp "$W/streams/results.json" "$OUT/streams.json" 2>/dev/null
   else
     say "no NVDEC decoder: the streams were not run"
+  fi
+fi
+
+if has agentjpeg; then
+  say "## agent hot folder, 1080p JPEGs: the host's decode pool against nvJPEG (\`[device] jpeg_decoder\`)"
+  # the broker: the GStreamer bundle's (scripts/gst-bundle.sh --with-mosquitto) or the machine's
+  MQ=""
+  if [ -f "$DEV/gst.tar.xz" ]; then
+    G="$W/gst-mq"; mkdir -p "$G"; tar -C "$G" -xJf "$DEV/gst.tar.xz" --strip-components=1
+    MQ="env LD_LIBRARY_PATH=$G/lib:$LD_LIBRARY_PATH $G/bin/mosquitto"
+    printf '#!/bin/sh\nexec %s "$@"\n' "$MQ" > "$W/mosquitto"; chmod +x "$W/mosquitto"; MQ="$W/mosquitto"
+  elif command -v mosquitto >/dev/null; then
+    MQ=mosquitto
+  fi
+  if [ -n "$MQ" ]; then
+    timeout "${AGENTJPEG_TIMEOUT:-400}" python3 "$HERE/bench_folder.py" "$BIN" "$DEV/volleyball-court.jpg" --device cuda:0 \
+      --model "$DEV/yolov9t-ball.pt" --decoders "${AGENTJPEG_DECODERS:-cpu,nvjpeg}" --count "${AGENTJPEG_COUNT:-3000}" \
+      --max-batch "${AGENTJPEG_MAX_BATCH:-64}" --mosquitto "$MQ" --out "$W/agentjpeg" 2> "$W/agentjpeg.log" | tee -a "$SUM"
+    tail -3 "$W/agentjpeg.log" >> "$SUM"
+  else
+    say "no mosquitto (stage \$DEV/gst.tar.xz from scripts/gst-bundle.sh --with-mosquitto): not run"
   fi
 fi
 

@@ -1691,6 +1691,25 @@ fn dashboard_exprs() -> Vec<(String, String)> {
     out
 }
 
+/// `jpeg_decoder = "nvjpeg"` where nvJPEG cannot run (the tests' build has no CUDA) stops the
+/// agent at start-up with the device's exit code, before any source or broker; on
+/// `device = "cpu"` it is a config error at its line.
+#[test]
+fn nvjpeg_where_it_cannot_run_stops_the_agent_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = AgentConf::new(tmp.path(), free_port());
+    let path = tmp.path().join("agent.toml");
+    let with = |device: &str| conf.toml().replace("device = \"cpu\"", &format!("device = \"{device}\"\njpeg_decoder = \"nvjpeg\""));
+    std::fs::write(&path, with("auto")).unwrap();
+    let (code, out) = run_tool(yolo_edge().args(["run", "--config"]).arg(&path));
+    assert_eq!(code, Some(5), "{out}");
+    assert!(out.contains("device.jpeg_decoder = \"nvjpeg\"") && out.contains("nvJPEG"), "{out}");
+    std::fs::write(&path, with("cpu")).unwrap();
+    let (code, out) = run_tool(yolo_edge().args(["run", "--config"]).arg(&path));
+    assert_eq!(code, Some(6), "{out}");
+    assert!(out.contains("agent.toml:3:") && out.contains("`device.jpeg_decoder`"), "{out}");
+}
+
 /// Runs a program, returns (exit code, stdout + stderr).
 fn run_tool(cmd: &mut std::process::Command) -> (Option<i32>, String) {
     let out = cmd.output().unwrap();

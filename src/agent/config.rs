@@ -114,6 +114,8 @@ struct RawDevice {
     decode_threads: Option<Ranged<1, 256>>,
     #[serde(default)]
     fit: Fit,
+    #[serde(default)]
+    jpeg_decoder: JpegDecoder,
 }
 
 impl Default for RawDevice {
@@ -129,6 +131,7 @@ impl Default for RawDevice {
             max_wait_ms: d_max_wait(),
             decode_threads: None,
             fit: Fit::default(),
+            jpeg_decoder: JpegDecoder::default(),
         }
     }
 }
@@ -723,6 +726,24 @@ pub struct DeviceConfig {
     pub decode_threads: usize,
     /// How pictures fit the network input (`rect`, the reference's default, or `square`).
     pub fit: Fit,
+    /// Who decodes the JPEG pictures of folder and MQTT sources.
+    pub jpeg_decoder: JpegDecoder,
+}
+
+/// Who decodes the JPEG pictures of folder and MQTT sources (`[device] jpeg_decoder`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JpegDecoder {
+    /// The decode pool, on the host's cores.
+    #[default]
+    Cpu,
+    /// nvJPEG on the model's GPU: the decode pool only checks each JPEG's header, and the
+    /// inference thread decodes and letterboxes the batch on the device before its pass (a
+    /// picture nvJPEG does not take is decoded on the host there). The host's cores are freed
+    /// and the GPU does the decoding; the agent does not start where nvJPEG cannot load.
+    Nvjpeg,
+    /// nvJPEG where it loads on a CUDA device, the host otherwise.
+    Auto,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -942,7 +963,11 @@ impl Config {
                 .map(|n| n.0 as usize)
                 .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
             fit: d.fit,
+            jpeg_decoder: d.jpeg_decoder,
         };
+        if device.jpeg_decoder == JpegDecoder::Nvjpeg && device.device == "cpu" {
+            return Err(invalid("device.jpeg_decoder", "nvjpeg decodes on a CUDA device; this agent runs on the cpu".into()));
+        }
         if device.memory_fraction <= 0.0 {
             return Err(invalid("device.memory_fraction", "must be above 0".into()));
         }
@@ -1492,6 +1517,28 @@ path = "/in"
         // inside the tagged `[[sources]]` table the path ends at the entry; the message names the field
         let e = err(&MIN.replace("id = \"cam\"", "id = \"a/b\""));
         assert!(e.contains("`sources[0]`") && e.contains("id `a/b`"), "{e}");
+    }
+
+    #[test]
+    fn the_jpeg_decoder_is_cpu_by_default_and_nvjpeg_needs_a_gpu() {
+        let c = Config::parse(MIN, Path::new("/a.toml")).unwrap();
+        assert_eq!(c.device.jpeg_decoder, JpegDecoder::Cpu);
+        let with =
+            |dev: &str, dec: &str| MIN.replace("[spool]", &format!("[device]\ndevice = \"{dev}\"\njpeg_decoder = \"{dec}\"\n[spool]"));
+        for (dec, want) in [("cpu", JpegDecoder::Cpu), ("nvjpeg", JpegDecoder::Nvjpeg), ("auto", JpegDecoder::Auto)] {
+            let c = Config::parse(&with("cuda:0", dec), Path::new("/a.toml")).unwrap();
+            assert_eq!(c.device.jpeg_decoder, want);
+        }
+        // `auto` on the CPU decodes on the host; `nvjpeg` there is a config error at its line
+        assert_eq!(Config::parse(&with("cpu", "auto"), Path::new("/a.toml")).unwrap().device.jpeg_decoder, JpegDecoder::Auto);
+        let e = err(&with("cpu", "nvjpeg"));
+        assert!(e.starts_with("/etc/a.toml:9:") && e.contains("`device.jpeg_decoder`") && e.contains("CUDA"), "{e}");
+        let e = err(&with("cuda:0", "gpu"));
+        assert!(e.contains("`device.jpeg_decoder`") && e.contains("gpu"), "{e}");
+        // a device section's edit, applied at the next start
+        let a = Config::parse(&with("cuda:0", "cpu"), Path::new("/a.toml")).unwrap();
+        let b = Config::parse(&with("cuda:0", "nvjpeg"), Path::new("/a.toml")).unwrap();
+        assert_eq!(a.restart_required(&b), vec!["device"]);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::time::Duration;
 use candle_core::{DType, Device};
 use tokio::sync::{mpsc, watch};
 
-use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
+use crate::agent::config::{BatchSpec, Config, ConfigError, JpegDecoder, SourceConfig};
 use crate::agent::events::EventSink;
 use crate::agent::pipeline::{ModelMeta, Pipeline};
 use crate::agent::sources::{folder, mqtt as mqtt_source};
@@ -61,6 +61,8 @@ pub enum AgentError {
     Plan(#[from] PlanError),
     #[error("first forward pass failed: {0}")]
     Warmup(candle_core::Error),
+    #[error("device.jpeg_decoder = \"nvjpeg\": {0}")]
+    JpegDecoder(String),
     #[error("cannot listen on {addr} (metrics.listen): {source}")]
     MetricsListen { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("cannot start the agent: {0}")]
@@ -141,8 +143,37 @@ fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector
             return Err(AgentError::ModelDigest { path, want: want.clone(), got });
         }
     }
-    Detector::load(&cfg.model.path, device, dtype, Some(cfg.device.imgsz))
-        .map_err(|source| AgentError::Model { path: cfg.model.path.clone(), source })
+    let det = Detector::load(&cfg.model.path, device, dtype, Some(cfg.device.imgsz))
+        .map_err(|source| AgentError::Model { path: cfg.model.path.clone(), source })?;
+    setup_jpeg_decoder(&det, cfg.device.jpeg_decoder)?;
+    Ok(det)
+}
+
+/// Sets `det` up for `[device] jpeg_decoder`: nvJPEG on its GPU where asked (an error where it
+/// cannot load) or where `auto` finds it; the host's decode pool otherwise.
+fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoder) -> Result<(), AgentError> {
+    if choice == JpegDecoder::Cpu {
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    if det.device().is_cuda() {
+        return match det.use_gpu_jpeg(1) {
+            Ok(backend) => {
+                tracing::info!(backend, "JPEG pictures decoded by nvJPEG and letterboxed on the device");
+                Ok(())
+            }
+            Err(e) if choice == JpegDecoder::Nvjpeg => Err(AgentError::JpegDecoder(e.to_string())),
+            Err(e) => {
+                tracing::warn!(error = %e, "nvJPEG is not available; JPEG pictures are decoded on the host");
+                Ok(())
+            }
+        };
+    }
+    let _ = det;
+    match choice {
+        JpegDecoder::Nvjpeg => Err(AgentError::JpegDecoder("nvJPEG needs a CUDA build of yolo-edge and a CUDA device".into())),
+        _ => Ok(()),
+    }
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns once everything is drained and `offline` sent.

@@ -2,6 +2,10 @@
 //! batcher (current batch or `max_wait`) -> one inference thread owning the detector (runtime
 //! OOM fallback: split, lower, probe back up) -> ordered outcomes for the publisher.
 //!
+//! With nvJPEG (`[device] jpeg_decoder`) the pool only checks each JPEG's header and the
+//! inference thread decodes and letterboxes the batch's JPEGs on the device before its pass
+//! ([`Detector::detect_pictures`]); other formats are decoded on the pool as always.
+//!
 //! Stream frames (cameras, video) do not pass the intake: they wait in the [`FrameHub`]'s
 //! per-stream slots, and the batcher takes at most one per stream per batch, round-robin, and
 //! letterboxes them on the pool (they are decoded pixels already).
@@ -24,8 +28,9 @@ use crate::agent::telemetry::{Stage, Stats};
 use crate::backend::oom::{is_oom, OomInjector};
 use crate::detector::Detector;
 use crate::planner::Plan;
+use crate::vision::feed::{self, FeedOptions, Picture, Pixels, StageTimes};
 use crate::vision::postprocess::Detection;
-use crate::vision::preprocess::{self, DecodeLimits, Fit, Letterboxed};
+use crate::vision::preprocess::{self, DecodeLimits, Fit};
 
 /// Where a picture came from: a file path, an id (MQTT) or a stream's frame.
 #[derive(Debug, Clone)]
@@ -141,13 +146,30 @@ pub enum Control {
 
 pub struct Decoded {
     job: Job,
-    result: Result<Letterboxed, String>,
-    /// Reading and decoding, in milliseconds.
+    result: Result<Picture, String>,
+    /// Reading and decoding (or checking a JPEG's header for the device), in milliseconds.
     ms: f64,
-    /// The letterbox after it, in milliseconds (None: the picture did not decode).
+    /// The letterbox after it, in milliseconds (None: not letterboxed here: the picture did not
+    /// decode, or it is a JPEG for the device's decoder).
     letterbox_ms: Option<f64>,
     /// When the decode task finished (the queue wait runs from here to the batch's start).
     ready: Instant,
+}
+
+/// How the decode pool prepares a picture.
+#[derive(Debug, Clone, Copy)]
+struct Prep {
+    limits: DecodeLimits,
+    imgsz: u32,
+    fit: Fit,
+    /// JPEGs are left encoded for the detector's device decoder.
+    jpeg_on_device: bool,
+}
+
+impl Prep {
+    fn feed(&self) -> FeedOptions {
+        FeedOptions { imgsz: self.imgsz, fit: self.fit, limits: self.limits, jpeg_on_device: self.jpeg_on_device, ..FeedOptions::default() }
+    }
 }
 
 /// Handles of the running pipeline threads.
@@ -200,15 +222,13 @@ impl Pipeline {
         stats.batch_startup.store(startup_batch as u64, Relaxed);
         stats.batch_ceiling.store(startup_batch as u64, Relaxed);
         let limits = c.input.decode_limits();
-        let (imgsz, fit) = (c.device.imgsz as u32, c.device.fit);
+        let prep = Prep { limits, imgsz: c.device.imgsz as u32, fit: c.device.fit, jpeg_on_device: detector.device_jpeg_decoders() > 0 };
         let mut threads = Vec::new();
 
         let st = stats.clone();
         let dispatch_pool = pool.clone();
         threads.push(
-            std::thread::Builder::new()
-                .name("dispatch".into())
-                .spawn(move || dispatch(intake, dispatch_pool, ordered_tx, limits, imgsz, fit, st))?,
+            std::thread::Builder::new().name("dispatch".into()).spawn(move || dispatch(intake, dispatch_pool, ordered_tx, prep, st))?,
         );
         let st = stats.clone();
         let b = Batcher {
@@ -219,9 +239,7 @@ impl Pipeline {
             hub,
             pictures,
             pool,
-            limits,
-            imgsz,
-            fit,
+            prep,
             stats: st,
         };
         threads.push(std::thread::Builder::new().name("batcher".into()).spawn(move || b.run())?);
@@ -242,6 +260,7 @@ impl Pipeline {
             released: false,
             frames_done: 0,
             infer_delay: c.infer_delay,
+            limits,
             ready: ready_tx,
             asked: false,
             injector: c.inject_oom,
@@ -260,58 +279,52 @@ impl Pipeline {
     }
 }
 
-/// Decodes and letterboxes a picture; also returns the milliseconds the letterbox took.
-fn decode(job: &mut Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Result<(Letterboxed, f64), String> {
-    let img = match &mut job.data {
+/// Decodes and letterboxes a picture (a JPEG for the device's decoder: checks its header); also
+/// returns the milliseconds the letterbox took, where it ran here.
+fn decode(job: &mut Job, p: &Prep) -> Result<(Picture, Option<f64>), String> {
+    let limits = &p.limits;
+    let bytes = match &mut job.data {
         JobData::Frame(f) => {
             if f.width > limits.max_side || f.height > limits.max_side || f.width as u64 * f.height as u64 > limits.max_pixels {
                 return Err(format!("frame {}x{} is above the input limits (input.max_side, input.max_pixels)", f.width, f.height));
             }
             // the pixels move into the picture; the job keeps an empty frame of the same size
             let data = std::mem::take(&mut f.data);
-            image::RgbImage::from_raw(f.width, f.height, data).ok_or_else(|| format!("frame {}x{}: wrong pixel count", f.width, f.height))
+            let img = image::RgbImage::from_raw(f.width, f.height, data)
+                .ok_or_else(|| format!("frame {}x{}: wrong pixel count", f.width, f.height))?;
+            let t = Instant::now();
+            let lb = preprocess::letterbox_fit(&img, p.imgsz, p.fit);
+            return Ok((Picture { pixels: Pixels::Letterboxed(lb), decoded: None }, Some(t.elapsed().as_secs_f64() * 1e3)));
         }
-        JobData::Bytes(b) => preprocess::decode_image(b, limits).map_err(|e| e.to_string()),
-        JobData::File(p) => {
-            let len = std::fs::metadata(&*p).map_err(|e| format!("cannot read: {e}"))?.len();
-            if len > limits.max_bytes {
-                return Err(preprocess::ImageError::TooLarge { size: len, limit: limits.max_bytes }.to_string());
-            }
-            preprocess::load_image(p, limits).map_err(|e| e.to_string())
-        }
-    }?;
-    let t = Instant::now();
-    let lb = preprocess::letterbox_fit(&img, imgsz, fit);
-    Ok((lb, t.elapsed().as_secs_f64() * 1e3))
+        // the bytes move into the picture (a JPEG for the device keeps them until its batch runs)
+        JobData::Bytes(b) => std::mem::take(b),
+        JobData::File(path) => preprocess::read_image_file(path, limits).map_err(|e| e.to_string())?,
+    };
+    let mut t = StageTimes::default();
+    let picture = feed::picture_from_bytes(bytes, &p.feed(), &mut t).map_err(|e| e.to_string())?;
+    let letterbox_ms = picture.letterboxed().map(|_| t.letterbox.as_secs_f64() * 1e3);
+    Ok((picture, letterbox_ms))
 }
 
 /// Decodes (or takes a frame's pixels) and letterboxes one job, timing it.
-fn prepare(mut job: Job, limits: &DecodeLimits, imgsz: u32, fit: Fit) -> Decoded {
+fn prepare(mut job: Job, p: &Prep) -> Decoded {
     let t = Instant::now();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&mut job, limits, imgsz, fit)))
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&mut job, p)))
         .unwrap_or_else(|_| Err("decoder panicked on this input".to_string()));
     let total_ms = t.elapsed().as_secs_f64() * 1e3;
-    let letterbox_ms = result.as_ref().ok().map(|r| r.1);
+    let letterbox_ms = result.as_ref().ok().and_then(|r| r.1);
     let result = result.map(|r| r.0);
     let ms = total_ms - letterbox_ms.unwrap_or(0.0);
     Decoded { job, result, ms, letterbox_ms, ready: Instant::now() }
 }
 
-fn dispatch(
-    mut intake: mpsc::Receiver<Job>,
-    pool: Arc<rayon::ThreadPool>,
-    ordered: SyncSender<Pending>,
-    limits: DecodeLimits,
-    imgsz: u32,
-    fit: Fit,
-    stats: Arc<Stats>,
-) {
+fn dispatch(mut intake: mpsc::Receiver<Job>, pool: Arc<rayon::ThreadPool>, ordered: SyncSender<Pending>, prep: Prep, stats: Arc<Stats>) {
     while let Some(job) = intake.blocking_recv() {
         stats.frames_in.fetch_add(1, Relaxed);
         stats.q_intake.store(intake.len() as u64, Relaxed);
         let (tx, rx) = sync_channel(1);
         pool.spawn(move || {
-            let _ = tx.send(prepare(job, &limits, imgsz, fit));
+            let _ = tx.send(prepare(job, &prep));
         });
         stats.q_decoded.fetch_add(1, Relaxed);
         if ordered.send(Pending::Picture(rx)).is_err() {
@@ -329,9 +342,7 @@ struct Batcher {
     hub: Arc<FrameHub>,
     pictures: bool,
     pool: Arc<rayon::ThreadPool>,
-    limits: DecodeLimits,
-    imgsz: u32,
-    fit: Fit,
+    prep: Prep,
     stats: Arc<Stats>,
 }
 
@@ -395,10 +406,10 @@ impl Batcher {
             }
             if !frames.is_empty() {
                 self.stats.frames_in.fetch_add(frames.len() as u64, Relaxed);
-                let (limits, imgsz, fit) = (self.limits, self.imgsz, self.fit);
+                let prep = self.prep;
                 let prepared: Vec<Decoded> = self.pool.install(|| {
                     use rayon::prelude::*;
-                    frames.into_par_iter().map(|job| prepare(job, &limits, imgsz, fit)).collect()
+                    frames.into_par_iter().map(|job| prepare(job, &prep)).collect()
                 });
                 items.extend(prepared);
             }
@@ -493,6 +504,8 @@ struct Worker {
     frames_done: u64,
     /// `[debug] infer_delay_ms`: a deliberately slow model.
     infer_delay: Option<Duration>,
+    /// The input limits the device's JPEG decoder checks too.
+    limits: DecodeLimits,
     /// Asks the batcher for the next batch; `asked`: a request is outstanding.
     ready: SyncSender<()>,
     asked: bool,
@@ -501,7 +514,9 @@ struct Worker {
     stats: Arc<Stats>,
 }
 
-type FrameResult = Result<(Vec<Detection>, usize, f64), String>;
+/// A picture's detections, the batch it ran in and the pass's milliseconds; or the stage that
+/// failed and why.
+type FrameResult = Result<(Vec<Detection>, usize, f64), (InputStage, String)>;
 
 impl Worker {
     fn run(mut self, batches: Receiver<Vec<Decoded>>, control: Receiver<Control>, results: mpsc::Sender<Outcome>) {
@@ -525,7 +540,7 @@ impl Worker {
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
             };
-            let frames: Vec<&Letterboxed> = items.iter().filter_map(|d| d.result.as_ref().ok()).collect();
+            let frames: Vec<&Picture> = items.iter().filter_map(|d| d.result.as_ref().ok()).collect();
             let mut out: VecDeque<FrameResult> = VecDeque::with_capacity(frames.len());
             let start = Instant::now();
             for d in items.iter().filter(|d| d.result.is_ok()) {
@@ -543,18 +558,18 @@ impl Worker {
                 self.stats.record_decode(d.ms, d.letterbox_ms);
                 let outcome = match d.result {
                     Err(reason) => Outcome::Failed { job: d.job, stage: InputStage::Decode, reason },
-                    Ok(lb) => match out.pop_front() {
+                    Ok(picture) => match out.pop_front() {
                         Some(Ok((detections, batch_size, infer_ms))) => Outcome::Detected {
                             job: d.job,
-                            w: lb.geometry.orig_w,
-                            h: lb.geometry.orig_h,
+                            w: picture.geometry().orig_w,
+                            h: picture.geometry().orig_h,
                             batch_size,
                             decode_ms: d.ms + d.letterbox_ms.unwrap_or(0.0),
                             infer_ms,
                             detections,
                             model: label.clone(),
                         },
-                        Some(Err(reason)) => Outcome::Failed { job: d.job, stage: InputStage::Infer, reason },
+                        Some(Err((stage, reason))) => Outcome::Failed { job: d.job, stage, reason },
                         None => Outcome::Failed { job: d.job, stage: InputStage::Infer, reason: "no result".into() },
                     },
                 };
@@ -569,15 +584,15 @@ impl Worker {
     /// Runs `frames` one forward pass per input shape (pictures of different sizes letterbox to
     /// different rectangles), at most the working batch per pass (a batch gathered before a
     /// larger shape lowered it is split); results in the order of `frames`.
-    fn infer_by_shape(&mut self, frames: &[&Letterboxed], out: &mut VecDeque<FrameResult>) {
-        let groups = preprocess::group_positions(frames.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)));
+    fn infer_by_shape(&mut self, frames: &[&Picture], out: &mut VecDeque<FrameResult>) {
+        let groups = preprocess::group_positions(frames.iter().map(|p| (p.geometry().in_w, p.geometry().in_h)));
         if groups.len() <= 1 && frames.len() <= self.current {
             return self.infer(frames, out);
         }
         let mut by_frame: Vec<Option<FrameResult>> = vec![None; frames.len()];
         for (_, idx) in groups {
             for chunk in idx.chunks(self.current.max(1)) {
-                let group: Vec<&Letterboxed> = chunk.iter().map(|&i| frames[i]).collect();
+                let group: Vec<&Picture> = chunk.iter().map(|&i| frames[i]).collect();
                 let mut part = VecDeque::with_capacity(group.len());
                 self.infer(&group, &mut part);
                 for (&i, r) in chunk.iter().zip(part) {
@@ -585,7 +600,7 @@ impl Worker {
                 }
             }
         }
-        out.extend(by_frame.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".into()))));
+        out.extend(by_frame.into_iter().map(|r| r.unwrap_or_else(|| Err((InputStage::Infer, "no result".into())))));
     }
 
     /// Notes the input shapes of a batch about to run: a shape not seen before gets its batch
@@ -593,9 +608,9 @@ impl Worker {
     /// shapes of the last [`SHAPE_WINDOW`]: down at once, up when nothing recent argues against
     /// it (an out-of-memory error or high memory within `oom.quiet_period_s`, or a batch already
     /// lowered by them).
-    fn follow_shapes(&mut self, frames: &[&Letterboxed]) {
+    fn follow_shapes(&mut self, frames: &[&Picture]) {
         let now = Instant::now();
-        let new = self.shapes.note(frames.iter().map(|lb| (lb.geometry.in_w, lb.geometry.in_h)), now);
+        let new = self.shapes.note(frames.iter().map(|p| (p.geometry().in_w, p.geometry().in_h)), now);
         for shape in new {
             if let Some(batch) = self.plan_shape(shape) {
                 self.shapes.set(shape, batch);
@@ -651,7 +666,7 @@ impl Worker {
     }
 
     /// Runs `frames`, splitting in halves on OOM (same frames, same order) down to one.
-    fn infer(&mut self, frames: &[&Letterboxed], out: &mut VecDeque<FrameResult>) {
+    fn infer(&mut self, frames: &[&Picture], out: &mut VecDeque<FrameResult>) {
         let n = frames.len();
         let th = self.cfg.borrow().model.thresholds;
         let t = Instant::now();
@@ -660,16 +675,19 @@ impl Worker {
         }
         let r = match self.injector.and_then(|i| i.check(n, self.frames_done)) {
             Some(e) => Err(e),
-            None => self.detector.detect(frames, &th),
+            None => self.detector.detect_pictures(frames, &th, &self.limits),
         };
         let ms = t.elapsed().as_secs_f64() * 1e3;
         match r {
             Ok(dets) if dets.len() == n => {
                 self.frames_done += n as u64;
                 self.stats.record(Stage::Infer, ms);
-                out.extend(dets.into_iter().map(|d| Ok((d, n, ms))));
+                // a JPEG that neither the device's decoder nor the host could decode fails alone
+                out.extend(dets.into_iter().map(|d| d.map(|d| (d, n, ms)).map_err(|e| (InputStage::Decode, e.to_string()))));
             }
-            Ok(dets) => out.extend((0..n).map(|_| Err(format!("model returned {} results for {n} pictures", dets.len())))),
+            Ok(dets) => {
+                out.extend((0..n).map(|_| Err((InputStage::Infer, format!("model returned {} results for {n} pictures", dets.len())))))
+            }
             Err(e) if is_oom(&e) => {
                 self.stats.oom_fallbacks.fetch_add(1, Relaxed);
                 let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
@@ -689,7 +707,7 @@ impl Worker {
                         batch_after: None,
                         error: err.clone(),
                     });
-                    out.push_back(Err(format!("out of memory at batch 1: {err}")));
+                    out.push_back(Err((InputStage::Infer, format!("out of memory at batch 1: {err}"))));
                     return;
                 }
                 let half = n / 2;
@@ -711,7 +729,7 @@ impl Worker {
             }
             Err(e) => {
                 let msg = e.to_string().lines().next().unwrap_or_default().to_string();
-                out.extend((0..n).map(|_| Err(msg.clone())));
+                out.extend((0..n).map(|_| Err((InputStage::Infer, msg.clone()))));
             }
         }
     }
@@ -810,6 +828,40 @@ impl Worker {
 mod tests {
     use super::*;
     use crate::planner::test_plan;
+
+    /// With a device JPEG decoder the pool leaves a JPEG encoded (its header checked, its geometry
+    /// where the device's letterbox puts it) and decodes anything else; without one it decodes
+    /// JPEGs too; bytes that are no picture fail in the pool either way.
+    #[test]
+    fn jpegs_for_the_device_are_checked_not_decoded() {
+        use image::ImageEncoder;
+        let img = image::RgbImage::from_fn(200, 100, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new(&mut jpeg).write_image(&img, 200, 100, image::ExtendedColorType::Rgb8).unwrap();
+        let mut png = Vec::new();
+        image::codecs::png::PngEncoder::new(&mut png).write_image(&img, 200, 100, image::ExtendedColorType::Rgb8).unwrap();
+        let job = |data| Job { source: Arc::from("s"), image: ImageRef::Id("x".into()), data, completion: Completion::None };
+        let device = Prep { limits: DecodeLimits::default(), imgsz: 640, fit: Fit::Rect, jpeg_on_device: true };
+        let d = prepare(job(JobData::Bytes(jpeg.clone())), &device);
+        match &d.result {
+            Ok(Picture { pixels: Pixels::Jpeg { bytes, geometry, fit: Fit::Rect }, .. }) => {
+                assert_eq!(bytes, &jpeg);
+                assert_eq!((geometry.orig_w, geometry.orig_h, geometry.in_w, geometry.in_h), (200, 100, 640, 320));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(d.letterbox_ms, None, "letterboxed on the device");
+        let d = prepare(job(JobData::Bytes(png)), &device);
+        assert!(d.result.as_ref().is_ok_and(|p| p.letterboxed().is_some_and(|lb| (lb.geometry.in_w, lb.geometry.in_h) == (640, 320))));
+        assert!(d.letterbox_ms.is_some());
+        let host = Prep { jpeg_on_device: false, ..device };
+        let d = prepare(job(JobData::Bytes(jpeg)), &host);
+        assert!(d.result.as_ref().is_ok_and(|p| p.letterboxed().is_some()));
+        for prep in [device, host] {
+            let d = prepare(job(JobData::Bytes(b"\xff\xd8\xff\xe0 not a picture".to_vec())), &prep);
+            assert!(d.result.is_err(), "{:?}", d.result.map(|p| *p.geometry()));
+        }
+    }
 
     #[test]
     fn each_shape_is_noted_once_and_the_smallest_recent_batch_sets_the_ceiling() {

@@ -95,7 +95,7 @@ fn exit_code(e: &DemoError) -> u8 {
         DemoError::Failed { .. } => exit::PARTIAL,
         DemoError::Agent(a) => match **a {
             AgentError::Config(_) => exit::CONFIG,
-            AgentError::Device(_) => exit::DEVICE,
+            AgentError::Device(_) | AgentError::JpegDecoder(_) => exit::DEVICE,
             AgentError::Model { .. } => exit::MODEL,
             _ => exit::OTHER,
         },

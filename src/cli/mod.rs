@@ -28,7 +28,7 @@ pub mod exit {
     pub const PARTIAL: u8 = 3;
     /// The model could not be loaded.
     pub const MODEL: u8 = 4;
-    /// The device could not be opened.
+    /// The device could not be opened (or its JPEG decoder, where the config asks for it).
     pub const DEVICE: u8 = 5;
     /// The configuration is invalid.
     pub const CONFIG: u8 = 6;
@@ -124,7 +124,7 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         if cause.is::<yolo_edge::agent::config::ConfigError>() {
             return exit::CONFIG;
         }
-        if cause.is::<device::DeviceError>() {
+        if cause.is::<device::DeviceError>() || matches!(cause.downcast_ref(), Some(yolo_edge::agent::AgentError::JpegDecoder(_))) {
             return exit::DEVICE;
         }
         let model_file = cause.downcast_ref::<yolo_edge::agent::AgentError>().is_some_and(|e| {

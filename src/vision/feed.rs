@@ -130,30 +130,37 @@ pub fn prepare(path: &std::path::Path, o: &FeedOptions) -> (Result<Picture, Imag
         Ok(b) => b,
         Err(e) => return (Err(e), t),
     };
+    let picture = picture_from_bytes(bytes, o, &mut t);
+    (picture, t)
+}
+
+/// An encoded picture's bytes made ready for the model: a JPEG left encoded for the device's
+/// decoder once its header passed every check ([`FeedOptions::jpeg_on_device`]), anything else
+/// decoded and letterboxed here. Adds the time of each stage to `t`.
+pub fn picture_from_bytes(bytes: Vec<u8>, o: &FeedOptions, t: &mut StageTimes) -> Result<Picture, ImageError> {
     if o.jpeg_on_device && !o.keep_decoded {
         let t1 = Instant::now();
         let header = preprocess::check_jpeg_header(&bytes, &o.limits);
-        t.decode = t1.elapsed();
+        t.decode += t1.elapsed();
         match header {
             Ok((w, h, image::metadata::Orientation::NoTransforms)) => {
                 let geometry = LetterboxGeometry::fit(w, h, o.imgsz, o.fit);
-                return (Ok(Picture { pixels: Pixels::Jpeg { bytes, geometry, fit: o.fit }, decoded: None }), t);
+                return Ok(Picture { pixels: Pixels::Jpeg { bytes, geometry, fit: o.fit }, decoded: None });
             }
             // another format, or an orientation to apply: the host decodes it
             Ok(_) | Err(ImageError::NotJpeg) => {}
-            Err(e) => return (Err(e), t),
+            Err(e) => return Err(e),
         }
     }
     let t1 = Instant::now();
     let decoded = preprocess::decode_image(&bytes, &o.limits);
     t.decode += t1.elapsed();
-    let picture = decoded.map(|img| {
+    decoded.map(|img| {
         let t2 = Instant::now();
         let letterboxed = preprocess::letterbox_fit(&img, o.imgsz, o.fit);
-        t.letterbox = t2.elapsed();
+        t.letterbox += t2.elapsed();
         Picture { pixels: Pixels::Letterboxed(letterboxed), decoded: o.keep_decoded.then_some(img) }
-    });
-    (picture, t)
+    })
 }
 
 /// Letterboxed batches of pictures read from files, prepared ahead on rayon's pool; an iterator
