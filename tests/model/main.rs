@@ -1,6 +1,6 @@
 //! Model integration tests: parity with the reference (ultralytics) on seeded random weights for
 //! all five variants and on the real fixture checkpoint, checkpoint formats, bad input, and the
-//! CUDA kernels' index arithmetic run on the CPU.
+//! CUDA kernels run on the CPU.
 //! Goldens come from `scripts/make_goldens.py`; fixtures from `../shared/fixtures/`.
 
 mod bad_input;

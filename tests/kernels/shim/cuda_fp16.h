@@ -1,11 +1,13 @@
 // A CPU stand-in for the CUDA headers the project's kernels include, so that `index_check.cpp`
-// can run the kernels' index arithmetic on the host: the kernel qualifiers compile away, the
-// built-in thread coordinates are globals the harness sets for every (block, thread) of a
-// launch, and `uint4` is four 32-bit words, as on the device. `__half` is only a 16-bit box: the
-// harness runs the f32 and byte instantiations, which share their index code with the f16 ones.
+// can run the kernels on the host: the kernel qualifiers compile away, the built-in thread
+// coordinates are globals the harness sets for every (block, thread) of a launch, the vector
+// types have the device's sizes and layouts, and `__half` converts as the device does (IEEE
+// binary16, round to nearest even). The fast-math `__expf` is the host's `expf` here: results
+// are checked against the same arithmetic, not against the device's last bits.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #define __global__
 #define __device__
@@ -19,9 +21,70 @@ extern Dim3 blockIdx, blockDim, gridDim, threadIdx;
 struct uint4 {
   unsigned int x, y, z, w;
 };
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
+struct float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 struct __half {
   uint16_t bits;
 };
-inline float __half2float(__half) { return NAN; }
-inline __half __float2half_rn(float) { return __half{0x7e00}; }
+struct __half2 {
+  __half x, y;
+};
+static_assert(sizeof(__half) == 2 && sizeof(__half2) == 4 && sizeof(uint4) == 16, "device sizes");
+
+inline __half __float2half_rn(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = (x >> 16) & 0x8000;
+  uint32_t mant = x & 0x7fffff;
+  const int exp = (x >> 23) & 0xff;
+  if (exp == 0xff) return __half{(uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0))};
+  const int e = exp - 127 + 15;
+  if (e >= 0x1f) return __half{(uint16_t)(sign | 0x7c00)};
+  if (e <= 0) {
+    if (e < -10) return __half{sign};
+    mant |= 0x800000;
+    const int shift = 14 - e;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return __half{(uint16_t)(sign | h)};
+  }
+  uint32_t h = ((uint32_t)e << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+  return __half{(uint16_t)(sign | h)};
+}
+
+inline float __half2float(__half v) {
+  const uint16_t h = v.bits;
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  int exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff, x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {
+      exp = 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        exp--;
+      }
+      x = sign | ((uint32_t)(exp + 127 - 15) << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 0x1f) {
+    x = sign | 0x7f800000 | (mant << 13);
+  } else {
+    x = sign | ((uint32_t)(exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+inline float2 __half22float2(__half2 v) { return float2{__half2float(v.x), __half2float(v.y)}; }
+inline __half2 __floats2half2_rn(float a, float b) { return __half2{__float2half_rn(a), __float2half_rn(b)}; }
+inline float __expf(float v) { return std::exp(v); }

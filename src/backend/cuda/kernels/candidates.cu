@@ -11,8 +11,8 @@ template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
 template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
 
 template <typename T>
-__device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned int a, float conf,
-                       float *out, unsigned int *count) {
+__device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned int a, float conf, float *out,
+                       unsigned int *count) {
   const unsigned int total = b * a;
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
     const unsigned int n = i / a, j = i % a;

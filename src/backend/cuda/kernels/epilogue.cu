@@ -25,8 +25,8 @@ __device__ __forceinline__ __half2 pair(__half2 y, float2 b, const __half2 *res,
 }
 
 template <typename T>
-__device__ void bias_act(const T *y, const T *bias, const T *res, T *out, unsigned int n,
-                         unsigned int hw, unsigned int c, int act, int has_res) {
+__device__ void bias_act(const T *y, const T *bias, const T *res, T *out, unsigned int n, unsigned int hw,
+                         unsigned int c, int act, int has_res) {
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
     float v = ld(y[i]) + ld(bias[(i / hw) % c]);
     if (act) v = silu(v);
@@ -35,8 +35,8 @@ __device__ void bias_act(const T *y, const T *bias, const T *res, T *out, unsign
   }
 }
 
-extern "C" __global__ void bias_act_f32(const float *y, const float *bias, const float *res, float *out,
-                                        unsigned int n, unsigned int hw, unsigned int c, int act, int has_res) {
+extern "C" __global__ void bias_act_f32(const float *y, const float *bias, const float *res, float *out, unsigned int n,
+                                        unsigned int hw, unsigned int c, int act, int has_res) {
   bias_act<float>(y, bias, res, out, n, hw, c, act, has_res);
 }
 

@@ -13,7 +13,8 @@ struct Src {
 };
 
 template <typename T>
-__device__ __forceinline__ float up(const T *s, const Src &d, size_t b, unsigned int y, unsigned int x, unsigned int ch) {
+__device__ __forceinline__ float up(const T *s, const Src &d, size_t b, unsigned int y, unsigned int x,
+                                    unsigned int ch) {
   return ld(s[b * d.n + (size_t)(y / d.f) * d.h + (size_t)(x / d.f) * d.w + (size_t)ch * d.c]);
 }
 

@@ -41,9 +41,9 @@ __device__ void decode(const T *bx, const T *cl, const float *proj, T *out, unsi
   }
 }
 
-extern "C" __global__ void decode_f16(const __half *bx, const __half *cl, const float *proj, __half *out, unsigned int n,
-                                      unsigned int h, unsigned int w, unsigned int nc, unsigned int reg, float stride,
-                                      unsigned int total, unsigned int off) {
+extern "C" __global__ void decode_f16(const __half *bx, const __half *cl, const float *proj, __half *out,
+                                      unsigned int n, unsigned int h, unsigned int w, unsigned int nc, unsigned int reg,
+                                      float stride, unsigned int total, unsigned int off) {
   decode(bx, cl, proj, out, n, h, w, nc, reg, stride, total, off);
 }
 

@@ -6,8 +6,7 @@
 // Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/input.rs.
 #include "common.cuh"
 
-template <typename T>
-__device__ void normalize(const unsigned char *x, unsigned int pixels, unsigned int hw, T *y) {
+template <typename T> __device__ void normalize(const unsigned char *x, unsigned int pixels, unsigned int hw, T *y) {
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += blockDim.x * gridDim.x) {
     const unsigned int n = i / hw, p = i % hw;
     const unsigned char *s = x + (size_t)i * 3;

@@ -9,20 +9,20 @@
 
 // One slot, written by the host as 10 u64 words in this order (letterbox.rs `Slot::words`).
 struct Slot {
-  unsigned long long src;   // offset of the picture's first row (RGB interleaved) in `base`
-  unsigned long long taps;  // device address of the int taps: 4 per new column, then 4 per new row
-  unsigned long long pitch; // bytes from one source row to the next
-  unsigned long long sw, sh; // source width and height
-  unsigned long long nw, nh; // resized width and height
+  unsigned long long src;       // offset of the picture's first row (RGB interleaved) in `base`
+  unsigned long long taps;      // device address of the int taps: 4 per new column, then 4 per new row
+  unsigned long long pitch;     // bytes from one source row to the next
+  unsigned long long sw, sh;    // source width and height
+  unsigned long long nw, nh;    // resized width and height
   unsigned long long left, top; // where the resized picture starts in the input
-  unsigned long long mode;  // 0: pad only, 1: copy (new size = source size), 2: resize
+  unsigned long long mode;      // 0: pad only, 1: copy (new size = source size), 2: resize
 };
 
 #define PAD 114
 
 // Writes slots first..first+count of `out`; slots[k] describes slot first+k.
-extern "C" __global__ void letterbox_u8(const unsigned char *base, const Slot *slots, unsigned int first, unsigned int count, unsigned int in_w,
-                                        unsigned int in_h, unsigned char *out) {
+extern "C" __global__ void letterbox_u8(const unsigned char *base, const Slot *slots, unsigned int first,
+                                        unsigned int count, unsigned int in_w, unsigned int in_h, unsigned char *out) {
   const unsigned int hw = in_w * in_h;
   const unsigned int total = count * hw;
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {

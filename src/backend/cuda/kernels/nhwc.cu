@@ -35,8 +35,7 @@ extern "C" __global__ void upsample_x16(const uint4 *src, uint4 *dst, unsigned i
   }
 }
 
-template <typename T>
-__device__ void to_nhwc(const T *x, T *y, unsigned int pixels, unsigned int hw, unsigned int c) {
+template <typename T> __device__ void to_nhwc(const T *x, T *y, unsigned int pixels, unsigned int hw, unsigned int c) {
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += blockDim.x * gridDim.x) {
     const unsigned int b = i / hw, p = i % hw;
     const T *s = x + (size_t)b * c * hw + p;
@@ -45,7 +44,8 @@ __device__ void to_nhwc(const T *x, T *y, unsigned int pixels, unsigned int hw, 
   }
 }
 
-extern "C" __global__ void to_nhwc_f16(const __half *x, __half *y, unsigned int pixels, unsigned int hw, unsigned int c) {
+extern "C" __global__ void to_nhwc_f16(const __half *x, __half *y, unsigned int pixels, unsigned int hw,
+                                       unsigned int c) {
   to_nhwc(x, y, pixels, hw, c);
 }
 

@@ -9,8 +9,9 @@
 #include "common.cuh"
 
 template <typename T>
-__device__ void pool(const T *x, T *y, unsigned int n_out, unsigned int h, unsigned int w, unsigned int c, unsigned int cs,
-                     unsigned int oh, unsigned int ow, unsigned int k, unsigned int s, unsigned int p, int is_max) {
+__device__ void pool(const T *x, T *y, unsigned int n_out, unsigned int h, unsigned int w, unsigned int c,
+                     unsigned int cs, unsigned int oh, unsigned int ow, unsigned int k, unsigned int s, unsigned int p,
+                     int is_max) {
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += blockDim.x * gridDim.x) {
     const unsigned int ch = i % c;
     unsigned int r = i / c;
@@ -36,22 +37,23 @@ __device__ void pool(const T *x, T *y, unsigned int n_out, unsigned int h, unsig
 }
 
 extern "C" __global__ void pool_nhwc_f16(const __half *x, __half *y, unsigned int n_out, unsigned int h, unsigned int w,
-                                         unsigned int c, unsigned int cs, unsigned int oh, unsigned int ow, unsigned int k,
-                                         unsigned int s, unsigned int p, int is_max) {
+                                         unsigned int c, unsigned int cs, unsigned int oh, unsigned int ow,
+                                         unsigned int k, unsigned int s, unsigned int p, int is_max) {
   pool(x, y, n_out, h, w, c, cs, oh, ow, k, s, p, is_max);
 }
 
 extern "C" __global__ void pool_nhwc_f32(const float *x, float *y, unsigned int n_out, unsigned int h, unsigned int w,
-                                         unsigned int c, unsigned int cs, unsigned int oh, unsigned int ow, unsigned int k,
-                                         unsigned int s, unsigned int p, int is_max) {
+                                         unsigned int c, unsigned int cs, unsigned int oh, unsigned int ow,
+                                         unsigned int k, unsigned int s, unsigned int p, int is_max) {
   pool(x, y, n_out, h, w, c, cs, oh, ow, k, s, p, is_max);
 }
 
 // 8 channels per thread: n_out is the number of output elements / 8, c and cs divisible by 8,
 // x and y 16-byte aligned.
-extern "C" __global__ void pool_nhwc_f16x8(const __half *x, __half *y, unsigned int n_out, unsigned int h, unsigned int w,
-                                           unsigned int c, unsigned int cs, unsigned int oh, unsigned int ow, unsigned int k,
-                                           unsigned int s, unsigned int p, int is_max) {
+extern "C" __global__ void pool_nhwc_f16x8(const __half *x, __half *y, unsigned int n_out, unsigned int h,
+                                           unsigned int w, unsigned int c, unsigned int cs, unsigned int oh,
+                                           unsigned int ow, unsigned int k, unsigned int s, unsigned int p,
+                                           int is_max) {
   const unsigned int c8 = c / 8;
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += blockDim.x * gridDim.x) {
     const unsigned int ch = (i % c8) * 8;
