@@ -18,19 +18,13 @@ nvJPEG, includes the device's decoding). Writes each run's config, log and last 
 import argparse
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from agent_proc import free_port, stop
 
 
 def scrape(port: int) -> str:
@@ -128,11 +122,7 @@ scan_interval_ms = 100
         dt = time.monotonic() - t0
         (out / "metrics.txt").write_text(text)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop(agent, 60)
         log.close()
     done = frames(text)
     return {

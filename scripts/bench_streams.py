@@ -25,21 +25,15 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from agent_proc import free_port, stop
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict:
@@ -144,11 +138,7 @@ dir = "{out / 'spool'}"
             final = total(samples[-1], "published")
             last = next(x for x in samples if total(x, "published") == final)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop(agent, 30)
         log.close()
     (out / "samples.json").write_text(json.dumps(samples, indent=1))
     dt = last["t"] - first["t"]

@@ -29,10 +29,10 @@ fn per_unit(dtype: DType) -> Option<usize> {
     }
 }
 
-/// The pixel stride of an NHWC tensor whose pixels each hold one row of channels at a fixed
+/// The pixel stride `cs` of an NHWC tensor whose pixels each hold one row of channels at a fixed
 /// distance from the last: contiguous, or a channel slice of a wider tensor (strides
 /// `[h*w*cs, w*cs, cs, 1]`).
-fn pixel_stride(l: &Layout) -> Option<usize> {
+pub(super) fn pixel_stride(l: &Layout) -> Option<usize> {
     let (_, h, w, _) = l.shape().dims4().ok()?;
     let st = l.stride();
     let cs = st[2];

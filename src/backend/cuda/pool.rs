@@ -7,6 +7,8 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKerne
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
+use super::nhwc::pixel_stride;
+
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/pool.ptx"));
 const MODULE: &str = "yolo_edge_pool";
 
@@ -16,17 +18,8 @@ pub fn pool(x: &Tensor, max: bool, k: usize, s: usize, p: usize) -> candle_core:
     if k == 0 || s == 0 || p >= k {
         candle_core::bail!("pool: kernel {k}, stride {s}, padding {p}");
     }
-    let x = if channel_slice_stride(x.layout()).is_some() { x.clone() } else { x.contiguous()? };
+    let x = if pixel_stride(x.layout()).is_some() { x.clone() } else { x.contiguous()? };
     x.apply_op1_no_bwd(&Pool { max, k, s, p })
-}
-
-/// The pixel stride `cs` of an NHWC tensor that is contiguous apart from being a channel slice
-/// (strides `[h*w*cs, w*cs, cs, 1]`).
-fn channel_slice_stride(l: &Layout) -> Option<usize> {
-    let (_, h, w, _) = l.shape().dims4().ok()?;
-    let st = l.stride();
-    let cs = st[2];
-    (st[3] == 1 && st[1] == w * cs && st[0] == h * w * cs).then_some(cs)
 }
 
 struct Pool {
@@ -47,7 +40,7 @@ impl CustomOp1 for Pool {
 
     fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
         let (n, h, w, c) = l.shape().dims4()?;
-        let Some(cs) = channel_slice_stride(l) else {
+        let Some(cs) = pixel_stride(l) else {
             candle_core::bail!("pool-nhwc: input must be contiguous or a channel slice");
         };
         if h + 2 * self.p < self.k || w + 2 * self.p < self.k {
