@@ -6,12 +6,14 @@
 // rounding of `__expf` is checked by the parity steps on the GPU. Built and run by the
 // `cuda_kernels_on_the_cpu` test (tests/model/kernels.rs); prints "ok" and exits 0 when every
 // check holds.
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <vector>
 
 #include "cuda_fp16.h"
 Dim3 blockIdx, blockDim, gridDim, threadIdx;
+#include "candidates.cu"
 #include "epilogue.cu"
 #include "fuse.cu"
 #include "head.cu"
@@ -345,6 +347,48 @@ void test_fuse() {
         }
 }
 
+// score filtering: every anchor whose best class scores above `conf`, with its box, class (the
+// first of tied classes), picture and anchor, appended to one list
+void test_candidates() {
+  const unsigned b = 3, nc = 5, no = 4 + nc, a = 37;
+  std::vector<__half> raw(b * no * a);
+  for (auto &h : raw) h = __float2half_rn(rnd() / 8.0f + 0.5f);
+  // a tie between classes 1 and 3 of picture 1, anchor 2: class 1 is kept
+  for (unsigned c = 0; c < nc; c++) raw[(1 * no + 4 + c) * a + 2] = __float2half_rn(c == 1 || c == 3 ? 0.9f : 0.1f);
+  const float conf = 0.8f;
+  std::vector<float> out(b * a * 8, NAN);
+  unsigned int count = 0;
+  run(4, 5, [&] { select_f16(raw.data(), b, no, a, conf, out.data(), &count); });
+  std::vector<std::vector<float>> want;
+  for (unsigned n = 0; n < b; n++)
+    for (unsigned j = 0; j < a; j++) {
+      float best = -INFINITY;
+      unsigned cls = 0;
+      for (unsigned c = 0; c < nc; c++) {
+        const float s = __half2float(raw[(n * no + 4 + c) * a + j]);
+        if (s > best) {
+          best = s;
+          cls = c;
+        }
+      }
+      if (best > conf) {
+        std::vector<float> row;
+        for (unsigned r = 0; r < 4; r++) row.push_back(__half2float(raw[(n * no + r) * a + j]));
+        row.insert(row.end(), {best, (float)cls, (float)n, (float)j});
+        want.push_back(row);
+      }
+    }
+  CHECK(count == want.size() && count > 3);
+  // the list's order is the threads' (atomic appends): compare as sets ordered by (n, j)
+  std::vector<std::vector<float>> got;
+  for (unsigned k = 0; k < count; k++) got.emplace_back(out.begin() + k * 8, out.begin() + k * 8 + 8);
+  auto key = [](const std::vector<float> &r) { return r[6] * 1e6f + r[7]; };
+  std::sort(got.begin(), got.end(), [&](auto &x, auto &y) { return key(x) < key(y); });
+  CHECK(got == want);
+  const auto tie = std::find_if(got.begin(), got.end(), [](auto &r) { return r[6] == 1.0f && r[7] == 2.0f; });
+  CHECK(tie != got.end() && (*tie)[5] == 1.0f);
+}
+
 int main() {
   test_copy_rows();
   test_upsample();
@@ -356,6 +400,7 @@ int main() {
   test_epilogue();
   test_pool();
   test_fuse();
+  test_candidates();
   printf("%s (%d failures)\n", fails ? "FAILED" : "ok", fails);
   return fails != 0;
 }

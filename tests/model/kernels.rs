@@ -2,8 +2,9 @@
 //! includes the kernel sources under a host stand-in for CUDA (with the device's f16 rounding),
 //! runs each launch for every thread of a small grid and compares with direct loops: channel
 //! slices and concatenation, upsampling, the input in both layouts, the head's decode into one
-//! output, the convolution epilogue in every vector width, channels-last pooling and CBFuse. The
-//! GPU checks the same kernels end to end through the parity steps of `scripts/gpu_run.sh`.
+//! output, the convolution epilogue in every vector width, channels-last pooling, CBFuse and the
+//! score filtering. The GPU checks the same kernels end to end through the parity steps of
+//! `scripts/gpu_run.sh`.
 
 use std::path::Path;
 use std::process::Command;

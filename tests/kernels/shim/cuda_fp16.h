@@ -88,3 +88,9 @@ inline float __half2float(__half v) {
 inline float2 __half22float2(__half2 v) { return float2{__half2float(v.x), __half2float(v.y)}; }
 inline __half2 __floats2half2_rn(float a, float b) { return __half2{__float2half_rn(a), __float2half_rn(b)}; }
 inline float __expf(float v) { return std::exp(v); }
+// launches are simulated one thread after another: no other thread can interleave
+inline unsigned int atomicAdd(unsigned int *p, unsigned int v) {
+  const unsigned int old = *p;
+  *p += v;
+  return old;
+}

@@ -4,11 +4,7 @@
 // `count` is incremented. Only the count and the survivors go back to the host, which orders
 // them by (n, j). Ties between classes keep the first (as torch's max). Contiguous input.
 // Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/candidates.rs.
-#include <cuda_fp16.h>
-
-template <typename T> __device__ __forceinline__ float ld(T v);
-template <> __device__ __forceinline__ float ld<float>(float v) { return v; }
-template <> __device__ __forceinline__ float ld<__half>(__half v) { return __half2float(v); }
+#include "common.cuh"
 
 template <typename T>
 __device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned int a, float conf, float *out,
