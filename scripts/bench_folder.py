@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent_proc import free_port, stop
+from agent_proc import free_port, start_mosquitto, stop
 
 
 def scrape(port: int) -> str:
@@ -155,10 +155,7 @@ def main() -> int:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    bport = free_port()
-    (out / "mosquitto.conf").write_text(f"listener {bport} 127.0.0.1\nallow_anonymous true\n")
-    broker = subprocess.Popen([a.mosquitto, "-c", str(out / "mosquitto.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+    broker, bport = start_mosquitto(a.mosquitto, out)
     print("| decoder | pictures | ok | failed | seconds | img/s | batch | decode ms/picture | infer ms/batch |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rc = 0

@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent_proc import free_port, stop
+from agent_proc import free_port, start_mosquitto, stop
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -181,12 +181,7 @@ def main() -> int:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    bport = free_port()
-    (out / "mosquitto.conf").write_text(f"listener {bport} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-    broker = subprocess.Popen(
-        [a.mosquitto, "-c", str(out / "mosquitto.conf")], stdout=subprocess.DEVNULL, stderr=open(out / "mosquitto.log", "w"), env=child_env(a)
-    )
-    time.sleep(0.5)
+    broker, bport = start_mosquitto(a.mosquitto, out, child_env(a))
     rows = []
     try:
         for mode in a.modes.split(","):
