@@ -12,6 +12,7 @@ pub use crate::files::read_bounded;
 use crate::units::ByteSize;
 use sha2::{Digest, Sha256};
 
+use crate::detector::JpegDecoder;
 use crate::vision::postprocess::Thresholds;
 use crate::vision::preprocess::Fit;
 
@@ -726,24 +727,11 @@ pub struct DeviceConfig {
     pub decode_threads: usize,
     /// How pictures fit the network input (`rect`, the reference's default, or `square`).
     pub fit: Fit,
-    /// Who decodes the JPEG pictures of folder and MQTT sources.
+    /// Who decodes the JPEG pictures of folder and MQTT sources: `nvjpeg` leaves the decode pool
+    /// only each JPEG's header to check, and the inference thread decodes and letterboxes the
+    /// batch on the device before its pass (a picture nvJPEG does not take is decoded on the host
+    /// there); the agent does not start where nvJPEG cannot run.
     pub jpeg_decoder: JpegDecoder,
-}
-
-/// Who decodes the JPEG pictures of folder and MQTT sources (`[device] jpeg_decoder`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JpegDecoder {
-    /// The decode pool, on the host's cores.
-    #[default]
-    Cpu,
-    /// nvJPEG on the model's GPU: the decode pool only checks each JPEG's header, and the
-    /// inference thread decodes and letterboxes the batch on the device before its pass (a
-    /// picture nvJPEG does not take is decoded on the host there). The host's cores are freed
-    /// and the GPU does the decoding; the agent does not start where nvJPEG cannot load.
-    Nvjpeg,
-    /// nvJPEG where it loads on a CUDA device, the host otherwise.
-    Auto,
 }
 
 #[derive(Debug, Clone, PartialEq)]

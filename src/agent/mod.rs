@@ -28,7 +28,7 @@ use std::time::Duration;
 use candle_core::{DType, Device};
 use tokio::sync::{mpsc, watch};
 
-use crate::agent::config::{BatchSpec, Config, ConfigError, JpegDecoder, SourceConfig};
+use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
 use crate::agent::events::EventSink;
 use crate::agent::pipeline::{ModelMeta, Pipeline};
 use crate::agent::sources::{folder, mqtt as mqtt_source};
@@ -36,7 +36,7 @@ use crate::agent::spool::{Spool, SpoolError};
 use crate::agent::telemetry::{DeviceMemorySource, MemorySource, Stats};
 use crate::backend::devmem::{self, PeakMeter};
 use crate::detector::warmup::{self as startup, StartupTimes};
-use crate::detector::Detector;
+use crate::detector::{Detector, JpegDecoder, JpegSetup};
 use crate::planner::{self, Budget, DetectorProber, Plan, PlanError, PlannerConfig, MIB};
 use messages::{BatchPlan, ModelInfo, PlanReport};
 use publisher::PublisherParts;
@@ -149,31 +149,14 @@ fn load_detector(cfg: &Config, device: &Device, dtype: DType) -> Result<Detector
     Ok(det)
 }
 
-/// Sets `det` up for `[device] jpeg_decoder`: nvJPEG on its GPU where asked (an error where it
-/// cannot load) or where `auto` finds it; the host's decode pool otherwise.
+/// Sets `det` up for `[device] jpeg_decoder` (one device decoder: the inference thread decodes).
 fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoder) -> Result<(), AgentError> {
-    if choice == JpegDecoder::Cpu {
-        return Ok(());
+    match det.set_jpeg_decoder(choice, 1).map_err(AgentError::JpegDecoder)? {
+        JpegSetup::Host => {}
+        JpegSetup::Device { backend } => tracing::info!(backend, "JPEG pictures decoded by nvJPEG and letterboxed on the device"),
+        JpegSetup::HostInstead { why } => tracing::warn!(reason = %why, "nvJPEG is not available; JPEG pictures are decoded on the host"),
     }
-    #[cfg(feature = "cuda")]
-    if det.device().is_cuda() {
-        return match det.use_gpu_jpeg(1) {
-            Ok(backend) => {
-                tracing::info!(backend, "JPEG pictures decoded by nvJPEG and letterboxed on the device");
-                Ok(())
-            }
-            Err(e) if choice == JpegDecoder::Nvjpeg => Err(AgentError::JpegDecoder(e.to_string())),
-            Err(e) => {
-                tracing::warn!(error = %e, "nvJPEG is not available; JPEG pictures are decoded on the host");
-                Ok(())
-            }
-        };
-    }
-    let _ = det;
-    match choice {
-        JpegDecoder::Nvjpeg => Err(AgentError::JpegDecoder("nvJPEG needs a CUDA build of yolo-edge and a CUDA device".into())),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// Runs the agent until SIGTERM/SIGINT; returns once everything is drained and `offline` sent.

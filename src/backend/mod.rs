@@ -48,7 +48,7 @@ pub use cuda::{
     epilogue::{bias_act, bias_act_into, bias_act_wide},
     fuse::add_upsampled,
     graph::GraphedForward,
-    head::{decode_level, decode_level_into},
+    head::decode_level,
     input::normalize as normalize_input,
     nhwc,
     pool::pool as pool_nhwc,

@@ -8,7 +8,7 @@ use candle_core::{DType, Device};
 use clap::Args;
 
 use yolo_edge::backend::tuning::{self, Allocator, Tuning};
-use yolo_edge::detector::Detector;
+use yolo_edge::detector::{Detector, JpegDecoder, JpegSetup};
 use yolo_edge::model::random as randweights;
 use yolo_edge::model::{BuildOptions, YoloV9};
 use yolo_edge::units::ByteSize;
@@ -119,24 +119,20 @@ pub enum JpegDecoderArg {
 /// Sets `det` up for `choice` with `lanes` device decoders at once; whether JPEGs are then
 /// decoded on the device.
 pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoderArg, lanes: usize) -> anyhow::Result<bool> {
-    if choice == JpegDecoderArg::Cpu {
-        return Ok(false);
-    }
-    #[cfg(feature = "cuda")]
-    if det.device().is_cuda() {
-        match det.use_gpu_jpeg(lanes) {
-            Ok(backend) => {
-                eprintln!("JPEG files decoded by nvJPEG ({backend} backend, {lanes} at once) and letterboxed on the device");
-                return Ok(true);
-            }
-            Err(e) if choice == JpegDecoderArg::Nvjpeg => return Err(e).context("--jpeg-decoder nvjpeg"),
-            Err(e) => {
-                eprintln!("warning: {e}");
-                return Ok(false);
-            }
+    let choice = match choice {
+        JpegDecoderArg::Cpu => JpegDecoder::Cpu,
+        JpegDecoderArg::Nvjpeg => JpegDecoder::Nvjpeg,
+        JpegDecoderArg::Auto => JpegDecoder::Auto,
+    };
+    match det.set_jpeg_decoder(choice, lanes).map_err(|why| anyhow::anyhow!("--jpeg-decoder nvjpeg: {why}"))? {
+        JpegSetup::Host => Ok(false),
+        JpegSetup::Device { backend } => {
+            eprintln!("JPEG files decoded by nvJPEG ({backend} backend, {lanes} at once) and letterboxed on the device");
+            Ok(true)
+        }
+        JpegSetup::HostInstead { why } => {
+            eprintln!("warning: {why}");
+            Ok(false)
         }
     }
-    anyhow::ensure!(choice == JpegDecoderArg::Auto, "--jpeg-decoder nvjpeg needs a CUDA build and a CUDA device");
-    let _ = (det, lanes);
-    Ok(false)
 }

@@ -97,6 +97,31 @@ const GRAPH_RETRY_AFTER_OOM: std::time::Duration = std::time::Duration::from_sec
 #[cfg(feature = "cuda")]
 const MAX_GRAPHS: usize = 12;
 
+/// Who decodes JPEG pictures (`detect --jpeg-decoder`, the agent's `[device] jpeg_decoder`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JpegDecoder {
+    /// The host's decoder (the reference's pixels, bit for bit).
+    #[default]
+    Cpu,
+    /// nvJPEG on the detector's GPU, with the letterbox on the device; an error where it cannot
+    /// run.
+    Nvjpeg,
+    /// nvJPEG where the detector is on a GPU and the library loads, the host's decoder otherwise.
+    Auto,
+}
+
+/// What [`Detector::set_jpeg_decoder`] set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JpegSetup {
+    /// The host decodes (as asked).
+    Host,
+    /// nvJPEG decodes, with this backend (`hardware` or `default`).
+    Device { backend: &'static str },
+    /// The host decodes: `auto` found no nvJPEG, for this reason.
+    HostInstead { why: String },
+}
+
 /// The batch a graph is captured for to run `b` pictures: with a ladder up to `top`, the next
 /// power of two, at most `top` (a partial batch is padded up: partial batches come when frames
 /// arrive slower than the batch fills, so the padding costs latency the stream has to spare,
@@ -498,6 +523,29 @@ impl Detector {
             }
         };
         Ok(self.finish(cands, geometries, th))
+    }
+
+    /// Sets up who decodes the JPEGs a feed leaves encoded: nvJPEG with `lanes` decoders where
+    /// `choice` asks for it, or where `auto` finds it ([`Detector::use_gpu_jpeg`]). An error (why
+    /// nvJPEG cannot run) only where `nvjpeg` was asked for.
+    pub fn set_jpeg_decoder(&self, choice: JpegDecoder, lanes: usize) -> Result<JpegSetup, String> {
+        if choice == JpegDecoder::Cpu {
+            return Ok(JpegSetup::Host);
+        }
+        #[cfg(feature = "cuda")]
+        let why = match self.use_gpu_jpeg(lanes) {
+            Ok(backend) => return Ok(JpegSetup::Device { backend }),
+            Err(e) => e.to_string(),
+        };
+        #[cfg(not(feature = "cuda"))]
+        let why = {
+            let _ = lanes;
+            "nvJPEG needs a CUDA build of yolo-edge and a CUDA device".to_string()
+        };
+        match choice {
+            JpegDecoder::Nvjpeg => Err(why),
+            _ => Ok(JpegSetup::HostInstead { why }),
+        }
     }
 
     /// Decodes the JPEGs a feed leaves encoded ([`Pixels::Jpeg`]) with nvJPEG on this detector's

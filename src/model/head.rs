@@ -143,23 +143,14 @@ impl Detect {
     }
 
     /// Raw output `(B, 4 + nc, A)`: xywh in input pixels, then sigmoid class scores. Where `out`
-    /// is given (shaped and typed as the raw output), written there and returned as that tensor.
+    /// is given (shaped and typed as the raw output), the fused CUDA decode writes it there and
+    /// returns that tensor; the other paths return their own.
     pub fn forward(&self, feats: &[Tensor], input_hw: (usize, usize), out: Option<&Tensor>) -> candle_core::Result<Tensor> {
         #[cfg(feature = "cuda")]
         if self.lay == Lay::Nhwc && feats[0].device().is_cuda() {
             return self.forward_fused(feats, input_hw, out);
         }
-        let y = self.forward_unfused(feats, input_hw)?;
-        match out {
-            Some(o) => {
-                o.slice_set(&y, 0, 0)?;
-                Ok(o.clone())
-            }
-            None => Ok(y),
-        }
-    }
-
-    fn forward_unfused(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
+        let _ = out;
         let b = feats[0].dim(0)?;
         let mut box_parts = Vec::with_capacity(feats.len());
         let mut cls_parts = Vec::with_capacity(feats.len());
@@ -182,7 +173,12 @@ impl Detect {
             let (_, h, w) = self.lay.chw(f)?;
             total += h * w;
         }
-        let mut out = out.cloned();
+        let out = match out {
+            Some(o) => o.clone(),
+            // SAFETY: every anchor of the output belongs to one level, and each level's decode
+            // below writes all of its anchors before the output is returned (an error drops it).
+            None => unsafe { Tensor::empty((feats[0].dim(0)?, 4 + self.nc, total), feats[0].dtype(), feats[0].device())? },
+        };
         let mut offset = 0;
         for (i, f) in feats.iter().enumerate() {
             let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
@@ -190,17 +186,11 @@ impl Detect {
             let stride = (input_hw.0 / h.max(1)) as f32;
             crate::backend::profile::scope(
                 || "head: DFL + decode (fused)".into(),
-                || match &out {
-                    None => {
-                        out = Some(crate::backend::decode_level(&bx, &cl, &self.proj_f32, stride, total)?);
-                        Ok(())
-                    }
-                    Some(o) => crate::backend::decode_level_into(o, offset, &bx, &cl, &self.proj_f32, stride),
-                },
+                || crate::backend::decode_level(&out, offset, &bx, &cl, &self.proj_f32, stride),
             )?;
             offset += h * w;
         }
-        out.ok_or_else(|| candle_core::Error::Msg("detection head without levels".into()))
+        Ok(out)
     }
 
     /// DFL expectation, anchor decode and sigmoid over the flattened branch outputs.

@@ -319,8 +319,9 @@ impl YoloV9 {
         self.forward_into(x, None)
     }
 
-    /// [`Self::forward`], with `out` (shaped and typed as the raw output) the buffer the raw
-    /// output is written to and returned as (a CUDA graph's fixed output).
+    /// [`Self::forward`], with `out` (shaped and typed as the raw output) a buffer the raw output
+    /// may be written into (a CUDA graph's fixed output): the fused CUDA head does and returns it;
+    /// other paths return a tensor of their own.
     pub fn forward_into(&self, x: &Tensor, out: Option<&Tensor>) -> candle_core::Result<Tensor> {
         let lay = self.lay;
         self.forward_laid(&crate::backend::profile::scope(|| "input relayout".into(), || lay.from_nchw(x))?, out)

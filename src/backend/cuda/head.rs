@@ -4,100 +4,32 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaViewMut, DeviceRepr, PushKernelArg};
-use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, InplaceOp3, Layout, Shape, Storage, Tensor};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Storage, Tensor};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/head.ptx"));
 const MODULE: &str = "yolo_edge_head";
 
-/// A new raw output `(B, 4 + nc, total)` holding the first level's anchors `0..H*W`, from its box
-/// branch `(B, H, W, 4 * reg_max)` and class branch `(B, H, W, nc)` (NHWC, CUDA), with the DFL
-/// weights `proj` (`reg_max` f32) and the level's `stride` in input pixels. The other anchors are
-/// not written: the caller writes every later level with [`decode_level_into`] before any read.
-pub fn decode_level(boxes: &Tensor, classes: &Tensor, proj: &Tensor, stride: f32, total: usize) -> candle_core::Result<Tensor> {
-    boxes.contiguous()?.apply_op3_no_bwd(&classes.contiguous()?, &proj.contiguous()?, &Decode { stride, total })
-}
-
-/// Writes a later level's anchors `offset..offset + H*W` into `out` (from [`decode_level`]).
-pub fn decode_level_into(
-    out: &Tensor,
-    offset: usize,
-    boxes: &Tensor,
-    classes: &Tensor,
-    proj: &Tensor,
-    stride: f32,
-) -> candle_core::Result<()> {
-    out.inplace_op3(&boxes.contiguous()?, &classes.contiguous()?, &DecodeInto { proj: proj.contiguous()?, stride, offset })
+/// Writes one level's anchors `offset..offset + H*W` of the raw output `out` `(B, 4 + nc, A)`
+/// from its box branch `(B, H, W, 4 * reg_max)` and class branch `(B, H, W, nc)` (NHWC, CUDA),
+/// with the DFL weights `proj` (`reg_max` f32) and the level's `stride` in input pixels.
+pub fn decode_level(out: &Tensor, offset: usize, boxes: &Tensor, classes: &Tensor, proj: &Tensor, stride: f32) -> candle_core::Result<()> {
+    out.inplace_op3(&boxes.contiguous()?, &classes.contiguous()?, &Decode { proj: proj.contiguous()?, stride, offset })
 }
 
 struct Decode {
-    stride: f32,
-    total: usize,
-}
-
-impl CustomOp3 for Decode {
-    fn name(&self) -> &'static str {
-        "dfl-decode"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("dfl-decode: CUDA only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        bx: &CudaStorage,
-        bl: &Layout,
-        cl: &CudaStorage,
-        cll: &Layout,
-        pj: &CudaStorage,
-        pl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let dims = check((bx, bl), (cl, cll), (pj, pl), self.total, 0)?;
-        let [n, _, _, nc, _] = dims;
-        let elems = n as usize * (4 + nc as usize) * self.total;
-        let dev = bx.device();
-        let slice = match bx.dtype() {
-            DType::F16 => {
-                // SAFETY: this level's anchors are written below, the others by the caller's
-                // `decode_level_into` before any read (documented on `decode_level`).
-                let mut out = unsafe { dev.alloc::<half::f16>(elems)? };
-                go::<half::f16>((bx, bl), (cl, cll), (pj, pl), &mut out.slice_mut(..), "decode_f16", dims, self.stride, (self.total, 0))?;
-                CudaStorageSlice::F16(out)
-            }
-            DType::F32 => {
-                // SAFETY: as above.
-                let mut out = unsafe { dev.alloc::<f32>(elems)? };
-                go::<f32>((bx, bl), (cl, cll), (pj, pl), &mut out.slice_mut(..), "decode_f32", dims, self.stride, (self.total, 0))?;
-                CudaStorageSlice::F32(out)
-            }
-            dt => candle_core::bail!("dfl-decode: unsupported dtype {dt:?}"),
-        };
-        Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((n as usize, 4 + nc as usize, self.total))))
-    }
-}
-
-struct DecodeInto {
     proj: Tensor,
     stride: f32,
     offset: usize,
 }
 
-impl InplaceOp3 for DecodeInto {
+impl InplaceOp3 for Decode {
     fn name(&self) -> &'static str {
-        "dfl-decode-into"
+        "dfl-decode"
     }
 
     fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<()> {
-        candle_core::bail!("dfl-decode-into: CUDA only")
+        candle_core::bail!("dfl-decode: CUDA only")
     }
 
     fn cuda_fwd(
@@ -111,11 +43,11 @@ impl InplaceOp3 for DecodeInto {
     ) -> candle_core::Result<()> {
         let (on, rows, total) = ol.shape().dims3()?;
         let (guard, pl) = self.proj.storage_and_layout();
-        let Storage::Cuda(pj) = &*guard else { candle_core::bail!("dfl-decode-into: DFL weights not on the GPU") };
+        let Storage::Cuda(pj) = &*guard else { candle_core::bail!("dfl-decode: DFL weights not on the GPU") };
         let dims = check((bx, bl), (cl, cll), (pj, pl), total, self.offset)?;
         let [n, _, _, nc, _] = dims;
         if (on, rows) != (n as usize, 4 + nc as usize) || !ol.is_contiguous() || out.dtype() != bx.dtype() {
-            candle_core::bail!("dfl-decode-into: {n} pictures of {} rows into {:?}", 4 + nc, ol.shape());
+            candle_core::bail!("dfl-decode: {n} pictures of {} rows into {:?}", 4 + nc, ol.shape());
         }
         let at = (total, self.offset);
         match bx.dtype() {
@@ -127,7 +59,7 @@ impl InplaceOp3 for DecodeInto {
                 let mut o = out.as_cuda_slice_mut::<f32>()?.slice_mut(ol.start_offset()..);
                 go::<f32>((bx, bl), (cl, cll), (pj, pl), &mut o, "decode_f32", dims, self.stride, at)
             }
-            dt => candle_core::bail!("dfl-decode-into: unsupported dtype {dt:?}"),
+            dt => candle_core::bail!("dfl-decode: unsupported dtype {dt:?}"),
         }
     }
 }

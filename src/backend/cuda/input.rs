@@ -45,10 +45,8 @@ impl CustomOp1 for Normalize {
         }
         let cl = self.channels_last;
         let slice = match self.dtype {
-            DType::F16 => {
-                CudaStorageSlice::F16(go::<half::f16>(x, l, if cl { "normalize_cl_f16" } else { "normalize_f16" }, cl, pixels, h * w)?)
-            }
-            DType::F32 => CudaStorageSlice::F32(go::<f32>(x, l, if cl { "normalize_cl_f32" } else { "normalize_f32" }, cl, pixels, h * w)?),
+            DType::F16 => CudaStorageSlice::F16(go::<half::f16>(x, l, "f16", cl, pixels, h * w)?),
+            DType::F32 => CudaStorageSlice::F32(go::<f32>(x, l, "f32", cl, pixels, h * w)?),
             dt => candle_core::bail!("normalize-input: unsupported dtype {dt:?}"),
         };
         let shape = if cl { Shape::from((b, h, w, 3)) } else { Shape::from((b, 3, h, w)) };
@@ -59,13 +57,14 @@ impl CustomOp1 for Normalize {
 fn go<T: DeviceRepr>(
     x: &CudaStorage,
     l: &Layout,
-    kernel: &str,
+    dtype: &str,
     channels_last: bool,
     pixels: usize,
     hw: usize,
 ) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
     let dev = x.device();
-    let func = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
+    let kernel = if channels_last { format!("normalize_cl_{dtype}") } else { format!("normalize_{dtype}") };
+    let func = dev.get_or_load_custom_func(&kernel, MODULE, PTX)?;
     let xv = x.as_cuda_slice::<u8>()?.slice(l.start_offset()..);
     // SAFETY: every element (3 per pixel) is written by the kernel below.
     let out = unsafe { dev.alloc::<T>(pixels * 3)? };

@@ -55,8 +55,7 @@ pub fn contiguous(x: &Tensor) -> Option<candle_core::Result<Tensor>> {
     if x.is_contiguous() || !moves_in_units(x) {
         return None;
     }
-    let c = x.dim(3).ok()?;
-    Some(x.apply_op1_no_bwd(&Widen { width: c, offset: 0 }))
+    Some(gather(x.dims(), &[x]))
 }
 
 /// The concatenation of NHWC `xs` along the channels (each contiguous or a channel slice, read in
@@ -70,16 +69,21 @@ pub fn cat_c(xs: &[&Tensor]) -> Option<candle_core::Result<Tensor>> {
         return None;
     }
     let width: usize = xs.iter().map(|x| x.dim(3).unwrap_or(0)).sum();
-    Some((|| {
-        // the buffer's other channels are written by the copies after this one
-        let buf = first.apply_op1_no_bwd(&Widen { width, offset: 0 })?;
-        let mut offset = first.dim(3)?;
-        for x in &xs[1..] {
-            buf.inplace_op2(x, &Into { offset })?;
-            offset += x.dim(3)?;
-        }
-        Ok(buf)
-    })())
+    Some(gather(&[n, h, w, width], xs))
+}
+
+/// A new `dims` buffer holding `xs` side by side along the channels, which they fill.
+fn gather(dims: &[usize], xs: &[&Tensor]) -> candle_core::Result<Tensor> {
+    let first = xs.first().ok_or_else(|| candle_core::Error::Msg("nhwc: nothing to gather".into()))?;
+    // SAFETY: the copies below write every channel of every pixel (the callers' `xs` are as wide
+    // as `dims` together, same pixels) before the buffer is returned; an error drops it unread.
+    let buf = unsafe { Tensor::empty(dims, first.dtype(), first.device())? };
+    let mut offset = 0;
+    for x in xs {
+        buf.inplace_op2(x, &Into { offset })?;
+        offset += x.dim(3)?;
+    }
+    Ok(buf)
 }
 
 /// `src` written into channels `offset..offset + C` of `buf` `(N, H, W, width)` (contiguous).
@@ -112,49 +116,6 @@ pub fn from_nchw(x: &Tensor) -> Option<candle_core::Result<Tensor>> {
     Some(x.contiguous().and_then(|x| x.apply_op1_no_bwd(&ToNhwc)))
 }
 
-/// A new `(N, H, W, width)` buffer with the source in channels `offset..offset + C`; the other
-/// channels are not written (the caller writes them before any read).
-struct Widen {
-    width: usize,
-    offset: usize,
-}
-
-impl CustomOp1 for Widen {
-    fn name(&self) -> &'static str {
-        "nhwc-widen"
-    }
-
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("nhwc-widen: CUDA only")
-    }
-
-    fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        let (n, h, w, c) = l.shape().dims4()?;
-        if self.offset + c > self.width {
-            candle_core::bail!("nhwc-widen: {c} channels at {} of {}", self.offset, self.width);
-        }
-        let dev = x.device().clone();
-        let elems = n * h * w * self.width;
-        let slice = match x.dtype() {
-            DType::F16 => {
-                // SAFETY: channels `offset..offset + C` are written below; the caller writes the
-                // others before any read (documented on `Widen`).
-                let mut out = unsafe { dev.alloc::<half::f16>(elems)? };
-                copy_rows::<half::f16>(&dev, (x, l), &mut out.slice_mut(..), self.offset, self.width)?;
-                CudaStorageSlice::F16(out)
-            }
-            DType::F32 => {
-                // SAFETY: as above.
-                let mut out = unsafe { dev.alloc::<f32>(elems)? };
-                copy_rows::<f32>(&dev, (x, l), &mut out.slice_mut(..), self.offset, self.width)?;
-                CudaStorageSlice::F32(out)
-            }
-            dt => candle_core::bail!("nhwc-widen: unsupported dtype {dt:?}"),
-        };
-        Ok((CudaStorage { slice, device: dev }, Shape::from((n, h, w, self.width))))
-    }
-}
-
 /// The source written into channels `offset..` of the destination buffer, in place.
 struct Into {
     offset: usize,
@@ -171,8 +132,9 @@ impl InplaceOp2 for Into {
 
     fn cuda_fwd(&self, buf: &mut CudaStorage, bl: &Layout, x: &CudaStorage, l: &Layout) -> candle_core::Result<()> {
         let (_, _, _, width) = bl.shape().dims4()?;
-        if !bl.is_contiguous() || l.shape().dims()[..3] != bl.shape().dims()[..3] {
-            candle_core::bail!("nhwc-copy-into: {:?} into {:?}", l.shape(), bl.shape());
+        let aligned = per_unit(buf.dtype()).is_some_and(|per| bl.start_offset() % per == 0);
+        if !bl.is_contiguous() || !aligned || l.shape().dims()[..3] != bl.shape().dims()[..3] {
+            candle_core::bail!("nhwc-copy-into: {:?} into {:?} (contiguous, 16-byte aligned)", l.shape(), bl.shape());
         }
         let dev = x.device().clone();
         match (buf.dtype(), x.dtype()) {
