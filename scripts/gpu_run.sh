@@ -378,7 +378,9 @@ try:
     rel = max([abs(q["error"]) for q in pts if q["measured"] >= 320 * M and q.get("error") is not None] or [0])
     ab = max([abs(q["predicted"] - q["measured"]) / M for q in pts] or [0])
     q4 = max([abs(q["error"]) for q in pts if 4 * q["batch"] >= p["batch"] and q.get("error") is not None] or [0])
-    al = max([(abs(q["error"]), q["batch"]) for q in pts if q.get("error") is not None] or [(0, 0)])
+    # the batch, and the ladder's rung its pass ran as where that differs
+    al = max([(abs(q["error"]), f'{q["batch"]}' + (f' as {q["runs_as"]}' if q.get("runs_as", q["batch"]) != q["batch"] else ""))
+              for q in pts if q.get("error") is not None] or [(0, "0")])
     sp = [(q["spread"], q["batch"]) for q in pts if q["measured"] >= 320 * M and q.get("spread") is not None]
     spread = f"{100*max(sp)[0]:.1f}% (b{max(sp)[1]})" if sp else "-"
     print(f"| {sys.argv[2]} | {sys.argv[3]} | {p['budget']['bytes']/M:.0f} | {p['batch']} | {s['largest_fitting']} | {s['chosen_share']:.2f} | {100*al[0]:.1f}% (b{al[1]}) | {100*q4:.1f}% | {100*rel:.1f}% | {ab:.0f} | {k['passes']} | {k['oom']} | {k['peak']/M:.0f}{'' if k['within_budget'] else ' (over budget)'} | {k['seconds']:.0f} | {spread} |")

@@ -1281,6 +1281,44 @@ fn mqtt_payloads_over_max_bytes_never_reach_the_agent() {
     col.assert_all_typed();
 }
 
+/// `plan --sweep`: every batch of the sweep's ladder up to the chosen one measured and compared
+/// with the plan's prediction for the pictures its pass runs (on the CPU, no graphs: the batch
+/// itself), and the largest batch that fits found.
+#[test]
+fn plan_sweep_measures_each_batch_against_the_prediction_for_what_it_runs() {
+    let out = yolo_edge()
+        .args(["plan", "--model", "random:yolov9t", "--device", "cpu", "--imgsz", "64", "--memory-limit", "48MiB"])
+        .args(["--max-batch", "6", "--sweep", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (plan, sweep) = (&v["plan"], &v["sweep"]);
+    let chosen = plan["batch"].as_u64().unwrap();
+    assert_eq!(chosen, 6, "48 MiB holds max_batch 6 at 64x64: {plan}");
+    let points = sweep["points"].as_array().unwrap();
+    let batches: Vec<u64> = points.iter().map(|p| p["batch"].as_u64().unwrap()).collect();
+    assert_eq!(batches, [1, 2, 3, 4, 6], "the sweep's ladder up to max_batch, in order");
+    // the plan's own readings, which its prediction returns for a measured batch
+    let readings: BTreeMap<u64, u64> =
+        plan["fit"]["points"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap())).collect();
+    for p in points {
+        let (b, runs_as) = (p["batch"].as_u64().unwrap(), p["runs_as"].as_u64().unwrap());
+        assert_eq!(runs_as, b, "no graphs on the CPU, so no padding: {p}");
+        let (predicted, measured) = (p["predicted"].as_u64().unwrap(), p["measured"].as_u64().unwrap());
+        if let Some(&r) = readings.get(&runs_as) {
+            assert_eq!(predicted, r, "a measured batch is predicted at its own reading: {p}");
+        }
+        let error = p["error"].as_f64().unwrap();
+        assert!((error - (predicted as f64 - measured as f64) / measured as f64).abs() < 1e-9, "{p}");
+        assert!(measured > 0 && p["fits"] == true && p["oom"] == false, "{p}");
+    }
+    assert_eq!(sweep["largest_fitting"], 6, "every batch up to max_batch fits: {sweep}");
+    let worst = points.iter().map(|p| p["error"].as_f64().unwrap().abs()).fold(0.0, f64::max);
+    assert_eq!(sweep["worst_error_to_chosen"].as_f64().unwrap(), worst);
+}
+
 #[test]
 fn planner_chooses_the_batch_from_a_small_cpu_memory_limit() {
     let tmp = tempfile::tempdir().unwrap();

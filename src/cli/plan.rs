@@ -106,6 +106,9 @@ fn shapes(det: &yolo_edge::detector::Detector, plan: &planner::Plan, shapes: &[(
 #[derive(serde::Serialize)]
 struct SweepPoint {
     batch: usize,
+    /// the pictures its pass runs, padding included: the ladder's rung with graphs on
+    runs_as: usize,
+    /// the plan's prediction for `runs_as` pictures
     predicted: u64,
     measured: Option<u64>,
     /// (predicted - measured) / measured
@@ -131,11 +134,16 @@ struct Sweep {
     worst_error_to_chosen: f64,
 }
 
-fn sweep(prober: &DetectorProber, plan: &planner::Plan, repeats: usize) -> Sweep {
+/// Each batch runs as the agent runs it after this plan (`det`'s ladder of graphs up to the chosen
+/// batch, set by the caller): a partial batch on the next rung, whose prediction it is compared
+/// with.
+fn sweep(det: &yolo_edge::detector::Detector, plan: &planner::Plan, repeats: usize) -> Sweep {
+    let prober = DetectorProber::new(det);
     let budget = plan.budget.bytes;
     let mut points: Vec<SweepPoint> = Vec::new();
     let measure = |b: usize, points: &mut Vec<SweepPoint>| -> bool {
-        let predicted = plan.fit.predict(b);
+        let runs_as = det.runs_as(b);
+        let predicted = plan.fit.predict(runs_as);
         let r = prober.measure(b);
         let (measured, measured_used, oom) = match &r {
             Ok(p) => (Some(p.reserved), Some(p.used), false),
@@ -151,7 +159,7 @@ fn sweep(prober: &DetectorProber, plan: &planner::Plan, repeats: usize) -> Sweep
             let (lo, hi) = again.iter().fold((m, m), |(lo, hi), &r| (lo.min(r), hi.max(r)));
             (hi - lo) as f64 / lo.max(1) as f64
         });
-        points.push(SweepPoint { batch: b, predicted, measured, error, measured_used, repeats: again, spread, fits, oom });
+        points.push(SweepPoint { batch: b, runs_as, predicted, measured, error, measured_used, repeats: again, spread, fits, oom });
         fits
     };
     // geometric-ish ladder, then bisection between the last fitting and the first failing batch
@@ -249,11 +257,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let plan = planner::plan(&mut DetectorProber::new(&det), budget, &cfg)?;
     let plan_ms = t1.elapsed().as_secs_f64() * 1e3;
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);
-    let sw = a.sweep.then(|| sweep(&DetectorProber::new(&det), &plan, a.sweep_repeats.max(1)));
-    let limit = cfg.memory_limit;
-    // the soak runs the agent's path as the agent does after its plan: a ladder of graphs up to
-    // the planned batch
+    // the sweep and the soak run the agent's path as the agent does after its plan: a ladder of
+    // graphs up to the planned batch
     det.set_graph_ladder(plan.batch);
+    let sw = a.sweep.then(|| sweep(&det, &plan, a.sweep_repeats.max(1)));
+    let limit = cfg.memory_limit;
     let soaked = if a.soak > 0 { Some(soak(&det, plan.batch, a.soak, a.soak_seconds, limit)?) } else { None };
     let shaped = shapes(&det, &plan, &a.shapes);
     let soak_json = soaked.as_ref().map(|(k, ballast)| {
@@ -301,8 +309,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
         if let Some(sw) = &sw {
             println!("sweep (budget {:.1} MiB)", plan.budget.bytes as f64 / MIB);
             for p in &sw.points {
+                let rung = if p.runs_as != p.batch { format!(" (runs as {})", p.runs_as) } else { String::new() };
                 println!(
-                    "  batch {:>4}: predicted {:>9.1} measured {:>9} error {:>7}  {}",
+                    "  batch {:>4}{rung}: predicted {:>9.1} measured {:>9} error {:>7}  {}",
                     p.batch,
                     p.predicted as f64 / MIB,
                     p.measured.map_or("-".into(), |m| format!("{:.1}", m as f64 / MIB)),

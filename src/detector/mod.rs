@@ -229,6 +229,16 @@ impl Detector {
         }
     }
 
+    /// How many pictures a pass over `b` pictures runs, padding included: the ladder's rung
+    /// where passes replay graphs on a ladder ([`Detector::set_graph_ladder`]), `b` otherwise.
+    pub fn runs_as(&self, b: usize) -> usize {
+        if self.replays_graphs() {
+            graph_rung(b, self.ladder.load(std::sync::atomic::Ordering::Relaxed))
+        } else {
+            b
+        }
+    }
+
     /// Drops every captured graph; the memory they replayed over goes back at the next trim.
     pub fn drop_graphs(&self) {
         #[cfg(feature = "cuda")]
