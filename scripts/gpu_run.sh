@@ -253,6 +253,9 @@ if has ladder; then
   echo "rc=$?" >> "$W/ladder-eager.log"
   VARIANTS="$VARIANTS" BATCHES="$LB" MODES=fp16,fp16cl OUT="$W" timeout "${TORCH_TIMEOUT:-240}" python3 "$DEV"/bench_torch.py > "$W/torch.log" 2>&1
   echo "rc=$?" >> "$W/torch.log"
+  # bench_torch.py writes its JSON at the end; cut short, its rows are the JSON lines it printed
+  [ -f "$W/torch_bench.json" ] || python3 -c 'import json, sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]))' \
+    "$W/torch.log" > "$W/torch_bench.json"
   python3 "$HERE/bench_compare.py" --ours "$W/ladder-graphs/bench.json" --eager "$W/ladder-eager/bench.json" --torch "$W/torch_bench.json" \
     ${COMPILE_JSON:+--compile "$COMPILE_JSON"} 2>&1 | tee -a "$SUM"
   cp "$W/torch_bench.json" "$W/ladder-graphs/bench.json" "$OUT/" 2>/dev/null

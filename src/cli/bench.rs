@@ -2,7 +2,8 @@
 //! (a normalised batch tensor on the device in, the raw output read where the pass leaves it, the
 //! device synchronised before the clock stops: as PyTorch's `model(x)` is timed) and end
 //! to end (JPEG files in, detections out), per model and dtype; OOM is a table entry, not a
-//! crash. Writes bench.md, bench.csv, bench.json and bench.png into `--out`.
+//! crash. Writes bench.md, bench.csv, bench.json and bench.png into `--out` (bench.csv and
+//! bench.json after every row, so that a run cut short keeps the rows it finished).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -413,6 +414,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     );
     let mut rows = Vec::new();
     let mut starts = Vec::new();
+    // bench.csv and bench.json after every row: a run cut short keeps the rows already done
+    let write_rows = |rows: &[Row], starts: &[serde_json::Value]| -> anyhow::Result<()> {
+        report::write(&a.out.join("bench.csv"), &report::csv(rows))?;
+        let json = serde_json::json!({"device": device::device_name(&dev), "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});
+        report::write(&a.out.join("bench.json"), &serde_json::to_string_pretty(&json)?)?;
+        Ok(())
+    };
     for spec in &specs {
         for &dtype in &dtypes {
             let t0 = Instant::now();
@@ -447,8 +455,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                     );
                     let stop = row.status == Status::Oom;
                     rows.push(row);
-                    // keep partial results if the run is cut short
-                    report::write(&a.out.join("bench.csv"), &report::csv(&rows))?;
+                    write_rows(&rows, &starts)?;
                     if stop {
                         break; // larger batches would fail too
                     }
@@ -468,9 +475,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let md = report::markdown(&rows) + &report::e2e_markdown(&rows);
     report::write(&a.out.join("bench.md"), &md)?;
-    report::write(&a.out.join("bench.csv"), &report::csv(&rows))?;
-    let json = serde_json::json!({"device": device::device_name(&dev), "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});
-    report::write(&a.out.join("bench.json"), &serde_json::to_string_pretty(&json)?)?;
+    write_rows(&rows, &starts)?;
     let title = a.title.clone().unwrap_or_else(|| {
         let (w, h) = a.input.unwrap_or((a.imgsz, a.imgsz));
         format!("yolo-edge bench on {}, {w}x{h}", device::device_name(&dev))
