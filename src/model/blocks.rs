@@ -325,6 +325,19 @@ impl Conv {
         }
     }
 
+    /// The convolution without its bias, which the caller adds (the CUDA head's decode does, as
+    /// it reads the branch outputs).
+    #[cfg(feature = "cuda")]
+    pub(super) fn forward_unbiased(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))
+    }
+
+    /// The bias per output channel, in the model's dtype.
+    #[cfg(feature = "cuda")]
+    pub(super) fn bias(&self) -> &Tensor {
+        &self.bias
+    }
+
     /// candle's ops: the GPU path, f16, grouped convolutions and BatchNorm calibration.
     fn forward_one(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let y = crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))?;

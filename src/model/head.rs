@@ -27,6 +27,18 @@ struct Branch {
     out: Conv,
 }
 
+impl Branch {
+    /// The branch with its last convolution's bias left out ([`Conv::forward_unbiased`]).
+    #[cfg(feature = "cuda")]
+    fn forward_unbiased(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut y = x.clone();
+        for c in &self.convs {
+            y = c.forward(&y)?;
+        }
+        self.out.forward_unbiased(&y)
+    }
+}
+
 impl Module for Branch {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let mut y = x.clone();
@@ -55,6 +67,10 @@ pub struct Detect {
     /// The same weights as `reg_max` f32 values (the fused CUDA decode's input).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     proj_f32: Tensor,
+    /// Per level, the biases of the box and class branches' last convolutions as f32 (the
+    /// fused CUDA decode adds them as it reads the branches).
+    #[cfg(feature = "cuda")]
+    biases_f32: Vec<(Tensor, Tensor)>,
     pub nc: usize,
     pub reg_max: usize,
     pub style: HeadStyle,
@@ -110,7 +126,25 @@ impl Detect {
         vb.export("dfl.conv.weight", &proj.reshape((1, reg_max, 1, 1))?)?;
         let proj_f32 = proj.flatten_all()?.to_dtype(DType::F32)?.to_device(vb.device())?;
         let proj = proj.reshape((1, 1, reg_max, 1))?.to_dtype(vb.dtype())?.to_device(vb.device())?;
-        Ok(Self { boxes, classes, proj, proj_f32, nc, reg_max, style, lay: vb.lay(), anchors: Mutex::new(AnchorCache::new()) })
+        #[cfg(feature = "cuda")]
+        let biases_f32 = boxes
+            .iter()
+            .zip(&classes)
+            .map(|(b, c)| Ok((b.out.bias().to_dtype(DType::F32)?, c.out.bias().to_dtype(DType::F32)?)))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            boxes,
+            classes,
+            proj,
+            proj_f32,
+            #[cfg(feature = "cuda")]
+            biases_f32,
+            nc,
+            reg_max,
+            style,
+            lay: vb.lay(),
+            anchors: Mutex::new(AnchorCache::new()),
+        })
     }
 
     fn anchors(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<(Tensor, Tensor)> {
@@ -163,8 +197,9 @@ impl Detect {
         crate::backend::profile::scope(|| "head: DFL + decode".into(), || self.decode(feats, input_hw, b, &box_parts, &cls_parts))
     }
 
-    /// The CUDA path of [`Self::forward`] on channels-last features: for each level its branches,
-    /// then one decode kernel (`crate::backend::decode_level`) that writes the level's anchors of
+    /// The CUDA path of [`Self::forward`] on channels-last features: for each level its branches
+    /// (their last convolutions without bias), then one decode kernel
+    /// (`crate::backend::decode_level`) that adds those biases and writes the level's anchors of
     /// the one raw output.
     #[cfg(feature = "cuda")]
     fn forward_fused(&self, feats: &[Tensor], input_hw: (usize, usize), out: Option<&Tensor>) -> candle_core::Result<Tensor> {
@@ -181,12 +216,13 @@ impl Detect {
         };
         let mut offset = 0;
         for (i, f) in feats.iter().enumerate() {
-            let (bx, cl) = (self.boxes[i].forward(f)?, self.classes[i].forward(f)?);
+            let (bx, cl) = (self.boxes[i].forward_unbiased(f)?, self.classes[i].forward_unbiased(f)?);
             let (_, h, w) = self.lay.chw(f)?;
             let stride = (input_hw.0 / h.max(1)) as f32;
+            let (bb, cb) = &self.biases_f32[i];
             crate::backend::profile::scope(
-                || "head: DFL + decode (fused)".into(),
-                || crate::backend::decode_level(&out, offset, &bx, &cl, &self.proj_f32, stride),
+                || "head: bias + DFL + decode (fused)".into(),
+                || crate::backend::decode_level(&out, offset, (&bx, bb), (&cl, cb), &self.proj_f32, stride),
             )?;
             offset += h * w;
         }

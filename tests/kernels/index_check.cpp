@@ -89,8 +89,8 @@ void test_normalize_cl() {
   run(2, 4, [&] { normalize_cl_f32(x.data(), (unsigned)x.size(), y.data()); });
   for (size_t i = 0; i < x.size(); i++) CHECK(y[i] == (float)x[i] / 255.0f);
 }
-// decode: two levels written into their anchors of one output, against a direct computation;
-// every element of the output is written by one of them
+// decode: two levels written into their anchors of one output, against a direct computation
+// (the branches' biases added first); every element of the output is written by one of them
 void test_decode() {
   const unsigned n = 2, nc = 3, reg = 4;
   const unsigned hs[2] = {4, 2}, ws[2] = {6, 3};
@@ -98,6 +98,9 @@ void test_decode() {
   const unsigned total = 4 * 6 + 2 * 3;
   std::vector<float> proj(reg);
   for (unsigned j = 0; j < reg; j++) proj[j] = (float)j;
+  std::vector<float> bb(4 * reg), cb(nc);
+  for (unsigned j = 0; j < 4 * reg; j++) bb[j] = 0.25f * (float)j - 1.5f;
+  for (unsigned k = 0; k < nc; k++) cb[k] = 0.5f - (float)k;
   std::vector<float> out(n * (4 + nc) * total, NAN);
   unsigned off = 0;
   std::vector<std::vector<float>> bxs, cls;
@@ -106,18 +109,20 @@ void test_decode() {
     std::vector<float> bx(n * h * w * 4 * reg), cl(n * h * w * nc);
     for (size_t i = 0; i < bx.size(); i++) bx[i] = std::sin((float)i + l);
     for (size_t i = 0; i < cl.size(); i++) cl[i] = std::cos((float)i * 0.3f + l);
-    run(3, 2,
-        [&] { decode_f32(bx.data(), cl.data(), proj.data(), out.data(), n, h, w, nc, reg, strides[l], total, off); });
+    run(3, 2, [&] {
+      decode_f32(bx.data(), cl.data(), proj.data(), bb.data(), cb.data(), out.data(), n, h, w, nc, reg, strides[l],
+                 total, off);
+    });
     for (unsigned b = 0; b < n; b++)
       for (unsigned a = 0; a < h * w; a++) {
         const float *p = &bx[(b * h * w + a) * 4 * reg];
         float d[4];
         for (int s = 0; s < 4; s++) {
           float m = -1e30f;
-          for (unsigned j = 0; j < reg; j++) m = std::fmax(m, p[s * reg + j]);
+          for (unsigned j = 0; j < reg; j++) m = std::fmax(m, p[s * reg + j] + bb[s * reg + j]);
           float sum = 0, acc = 0;
           for (unsigned j = 0; j < reg; j++) {
-            float e = std::exp(p[s * reg + j] - m);
+            float e = std::exp(p[s * reg + j] + bb[s * reg + j] - m);
             sum += e;
             acc += e * proj[j];
           }
@@ -130,7 +135,7 @@ void test_decode() {
         for (int r = 0; r < 4; r++) CHECK(std::fabs(out[(b * (4 + nc) + r) * total + off + a] - want[r]) < 1e-5f);
         for (unsigned k = 0; k < nc; k++)
           CHECK(std::fabs(out[(b * (4 + nc) + 4 + k) * total + off + a] -
-                          1.f / (1.f + std::exp(-cl[(b * h * w + a) * nc + k]))) < 1e-6f);
+                          1.f / (1.f + std::exp(-(cl[(b * h * w + a) * nc + k] + cb[k])))) < 1e-6f);
       }
     off += h * w;
   }
@@ -170,18 +175,24 @@ void test_f16_paths() {
     const unsigned n = 2, h = 3, w = 4, nc = 5, reg = 4, total = 3 * 4 + 5, off = 5;
     std::vector<__half> bx = halves(n * h * w * 4 * reg), cl = halves(n * h * w * nc),
                         out(n * (4 + nc) * total, __half{0x7e00});
-    std::vector<float> proj(reg);
+    std::vector<float> proj(reg), bb(4 * reg), cb(nc);
     for (unsigned j = 0; j < reg; j++) proj[j] = (float)j;
-    run(2, 5, [&] { decode_f16(bx.data(), cl.data(), proj.data(), out.data(), n, h, w, nc, reg, 8.0f, total, off); });
+    for (unsigned j = 0; j < 4 * reg; j++) bb[j] = rnd() * 0.5f;
+    for (unsigned k = 0; k < nc; k++) cb[k] = rnd() * 0.5f;
+    run(2, 5, [&] {
+      decode_f16(bx.data(), cl.data(), proj.data(), bb.data(), cb.data(), out.data(), n, h, w, nc, reg, 8.0f, total,
+                 off);
+    });
     for (unsigned b = 0; b < n; b++)
       for (unsigned a = 0; a < h * w; a++) {
         float d[4];
         for (int s4 = 0; s4 < 4; s4++) {
           const __half *p = &bx[((b * h * w + a) * 4 + s4) * reg];
           float m = -INFINITY, sum = 0, acc = 0;
-          for (unsigned j = 0; j < reg; j++) m = std::fmax(m, __half2float(p[j]));
+          const float *q = &bb[s4 * reg];
+          for (unsigned j = 0; j < reg; j++) m = std::fmax(m, __half2float(p[j]) + q[j]);
           for (unsigned j = 0; j < reg; j++) {
-            const float e = std::exp(__half2float(p[j]) - m);
+            const float e = std::exp(__half2float(p[j]) + q[j] - m);
             sum += e;
             acc += e * proj[j];
           }
@@ -192,7 +203,7 @@ void test_f16_paths() {
         const float want[4] = {(x1 + x2) * 0.5f * 8.0f, (y1 + y2) * 0.5f * 8.0f, (x2 - x1) * 8.0f, (y2 - y1) * 8.0f};
         for (int r = 0; r < 4; r++) CHECK(same(out[(b * (4 + nc) + r) * total + off + a], __float2half_rn(want[r])));
         for (unsigned k = 0; k < nc; k++) {
-          const float z = __half2float(cl[(b * h * w + a) * nc + k]);
+          const float z = __half2float(cl[(b * h * w + a) * nc + k]) + cb[k];
           CHECK(same(out[(b * (4 + nc) + 4 + k) * total + off + a], __float2half_rn(1.0f / (1.0f + std::exp(-z)))));
         }
       }

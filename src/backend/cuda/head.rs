@@ -1,6 +1,7 @@
-//! The head's decode on CUDA in one kernel per level (`kernels/head.cu`): DFL softmax and
-//! expectation, anchor decode to xywh pixels and class sigmoids, straight from the channels-last
-//! branch outputs into the reference's raw output, each level into its own anchors of one buffer.
+//! The head's decode on CUDA in one kernel per level (`kernels/head.cu`): the branches' last
+//! biases, DFL softmax and expectation, anchor decode to xywh pixels and class sigmoids, straight
+//! from the channels-last branch outputs into the reference's raw output, each level into its own
+//! anchors of one buffer.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaViewMut, DeviceRepr, PushKernelArg};
@@ -12,13 +13,24 @@ const MODULE: &str = "yolo_edge_head";
 
 /// Writes one level's anchors `offset..offset + H*W` of the raw output `out` `(B, 4 + nc, A)`
 /// from its box branch `(B, H, W, 4 * reg_max)` and class branch `(B, H, W, nc)` (NHWC, CUDA),
-/// with the DFL weights `proj` (`reg_max` f32) and the level's `stride` in input pixels.
-pub fn decode_level(out: &Tensor, offset: usize, boxes: &Tensor, classes: &Tensor, proj: &Tensor, stride: f32) -> candle_core::Result<()> {
-    out.inplace_op3(&boxes.contiguous()?, &classes.contiguous()?, &Decode { proj: proj.contiguous()?, stride, offset })
+/// each without its last bias, and those biases (`4 * reg_max` and `nc` f32), with the DFL
+/// weights `proj` (`reg_max` f32) and the level's `stride` in input pixels.
+pub fn decode_level(
+    out: &Tensor,
+    offset: usize,
+    (boxes, box_bias): (&Tensor, &Tensor),
+    (classes, class_bias): (&Tensor, &Tensor),
+    proj: &Tensor,
+    stride: f32,
+) -> candle_core::Result<()> {
+    let op = Decode { proj: proj.contiguous()?, box_bias: box_bias.contiguous()?, class_bias: class_bias.contiguous()?, stride, offset };
+    out.inplace_op3(&boxes.contiguous()?, &classes.contiguous()?, &op)
 }
 
 struct Decode {
     proj: Tensor,
+    box_bias: Tensor,
+    class_bias: Tensor,
     stride: f32,
     offset: usize,
 }
@@ -45,7 +57,22 @@ impl InplaceOp3 for Decode {
         let (guard, pl) = self.proj.storage_and_layout();
         let Storage::Cuda(pj) = &*guard else { candle_core::bail!("dfl-decode: DFL weights not on the GPU") };
         let dims = check((bx, bl), (cl, cll), (pj, pl), total, self.offset)?;
-        let [n, _, _, nc, _] = dims;
+        let [n, _, _, nc, reg] = dims;
+        let (bb_guard, bbl) = self.box_bias.storage_and_layout();
+        let (cb_guard, cbl) = self.class_bias.storage_and_layout();
+        let (Storage::Cuda(bb), Storage::Cuda(cb)) = (&*bb_guard, &*cb_guard) else {
+            candle_core::bail!("dfl-decode: biases not on the GPU")
+        };
+        let f32_of = |(s, l): Arg, len: u32| s.dtype() == DType::F32 && l.is_contiguous() && l.shape().elem_count() == len as usize;
+        if !f32_of((bb, bbl), 4 * reg) || !f32_of((cb, cbl), nc) {
+            candle_core::bail!(
+                "dfl-decode: biases {:?} and {:?} for {} box and {nc} class channels (f32)",
+                bbl.shape(),
+                cbl.shape(),
+                4 * reg
+            );
+        }
+        let biases = [(bb, bbl), (cb, cbl)];
         if (on, rows) != (n as usize, 4 + nc as usize) || !ol.is_contiguous() || out.dtype() != bx.dtype() {
             candle_core::bail!("dfl-decode: {n} pictures of {} rows into {:?}", 4 + nc, ol.shape());
         }
@@ -53,11 +80,11 @@ impl InplaceOp3 for Decode {
         match bx.dtype() {
             DType::F16 => {
                 let mut o = out.as_cuda_slice_mut::<half::f16>()?.slice_mut(ol.start_offset()..);
-                go::<half::f16>((bx, bl), (cl, cll), (pj, pl), &mut o, "decode_f16", dims, self.stride, at)
+                go::<half::f16>((bx, bl), (cl, cll), (pj, pl), biases, &mut o, "decode_f16", dims, self.stride, at)
             }
             DType::F32 => {
                 let mut o = out.as_cuda_slice_mut::<f32>()?.slice_mut(ol.start_offset()..);
-                go::<f32>((bx, bl), (cl, cll), (pj, pl), &mut o, "decode_f32", dims, self.stride, at)
+                go::<f32>((bx, bl), (cl, cll), (pj, pl), biases, &mut o, "decode_f32", dims, self.stride, at)
             }
             dt => candle_core::bail!("dfl-decode: unsupported dtype {dt:?}"),
         }
@@ -92,6 +119,7 @@ fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
     (bx, bl): Arg,
     (cl, cll): Arg,
     (pj, pl): Arg,
+    [(bb, bbl), (cb, cbl)]: [Arg; 2],
     out: &mut CudaViewMut<T>,
     kernel: &str,
     dims: [u32; 5],
@@ -103,6 +131,8 @@ fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
     let bv = bx.as_cuda_slice::<T>()?.slice(bl.start_offset()..);
     let cv = cl.as_cuda_slice::<T>()?.slice(cll.start_offset()..);
     let pv = pj.as_cuda_slice::<f32>()?.slice(pl.start_offset()..);
+    let bbv = bb.as_cuda_slice::<f32>()?.slice(bbl.start_offset()..);
+    let cbv = cb.as_cuda_slice::<f32>()?.slice(cbl.start_offset()..);
     let [n, h, w, _, _] = dims;
     let anchors = (n * h * w) as usize;
     let cfg = super::grid(anchors, 128);
@@ -111,6 +141,8 @@ fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
     builder.arg(&bv);
     builder.arg(&cv);
     builder.arg(&pv);
+    builder.arg(&bbv);
+    builder.arg(&cbv);
     builder.arg(out);
     for d in &dims {
         builder.arg(d);
@@ -118,8 +150,9 @@ fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
     builder.arg(&stride);
     builder.arg(&total);
     builder.arg(&offset);
-    // SAFETY: argument list matches `kernels/head.cu`; shapes checked by `check`: the kernel
-    // writes anchors `offset..offset + h*w` of each of the `n` pictures' `4 + nc` rows of `total`.
+    // SAFETY: argument list matches `kernels/head.cu`; shapes checked by `check` and the biases'
+    // lengths (4 * reg, nc) by `Decode::cuda_fwd`: the kernel writes anchors `offset..offset + h*w` of
+    // each of the `n` pictures' `4 + nc` rows of `total`.
     unsafe { builder.launch(cfg) }.w()?;
     Ok(())
 }

@@ -1,5 +1,6 @@
-// The detection head's decode in one pass per level, for channels-last (NHWC) branch outputs:
-// for every anchor, the softmax over each side's reg_max bins and its expectation with the DFL
+// The detection head's decode in one pass per level, for channels-last (NHWC) branch outputs
+// without their last convolutions' biases: for every anchor, those biases added (bb: 4*reg_max,
+// cb: nc), the softmax over each side's reg_max bins and its expectation with the DFL
 // weights (Distribution Focal Loss), the box from the anchor point (cell centre) as centre
 // x/y, width, height in input pixels, and the sigmoid of every class logit, written into the
 // reference's raw output (B, 4 + nc, total) at this level's anchors off..off + H*W (every level
@@ -10,9 +11,9 @@
 #include "common.cuh"
 
 template <typename T>
-__device__ void decode(const T *bx, const T *cl, const float *proj, T *out, unsigned int n, unsigned int h,
-                       unsigned int w, unsigned int nc, unsigned int reg, float stride, unsigned int total,
-                       unsigned int off) {
+__device__ void decode(const T *bx, const T *cl, const float *proj, const float *bb, const float *cb, T *out,
+                       unsigned int n, unsigned int h, unsigned int w, unsigned int nc, unsigned int reg, float stride,
+                       unsigned int total, unsigned int off) {
   const unsigned int an = h * w;
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * an; i += blockDim.x * gridDim.x) {
     const unsigned int b = i / an, a = i % an;
@@ -21,10 +22,10 @@ __device__ void decode(const T *bx, const T *cl, const float *proj, T *out, unsi
     float d[4];
     for (unsigned int s = 0; s < 4; s++) {
       float m = -INFINITY;
-      for (unsigned int j = 0; j < reg; j++) m = fmaxf(m, ld(p[s * reg + j]));
+      for (unsigned int j = 0; j < reg; j++) m = fmaxf(m, ld(p[s * reg + j]) + bb[s * reg + j]);
       float sum = 0.0f, acc = 0.0f;
       for (unsigned int j = 0; j < reg; j++) {
-        const float e = expf(ld(p[s * reg + j]) - m);
+        const float e = expf(ld(p[s * reg + j]) + bb[s * reg + j] - m);
         sum += e;
         acc += e * proj[j];
       }
@@ -37,18 +38,20 @@ __device__ void decode(const T *bx, const T *cl, const float *proj, T *out, unsi
     o[2 * (size_t)total] = st<T>((x2 - x1) * stride);
     o[3 * (size_t)total] = st<T>((y2 - y1) * stride);
     const T *c = cl + (size_t)i * nc;
-    for (unsigned int k = 0; k < nc; k++) o[(4 + (size_t)k) * total] = st<T>(1.0f / (1.0f + expf(-ld(c[k]))));
+    for (unsigned int k = 0; k < nc; k++) o[(4 + (size_t)k) * total] = st<T>(1.0f / (1.0f + expf(-(ld(c[k]) + cb[k]))));
   }
 }
 
-extern "C" __global__ void decode_f16(const __half *bx, const __half *cl, const float *proj, __half *out,
-                                      unsigned int n, unsigned int h, unsigned int w, unsigned int nc, unsigned int reg,
-                                      float stride, unsigned int total, unsigned int off) {
-  decode(bx, cl, proj, out, n, h, w, nc, reg, stride, total, off);
+extern "C" __global__ void decode_f16(const __half *bx, const __half *cl, const float *proj, const float *bb,
+                                      const float *cb, __half *out, unsigned int n, unsigned int h, unsigned int w,
+                                      unsigned int nc, unsigned int reg, float stride, unsigned int total,
+                                      unsigned int off) {
+  decode(bx, cl, proj, bb, cb, out, n, h, w, nc, reg, stride, total, off);
 }
 
-extern "C" __global__ void decode_f32(const float *bx, const float *cl, const float *proj, float *out, unsigned int n,
-                                      unsigned int h, unsigned int w, unsigned int nc, unsigned int reg, float stride,
-                                      unsigned int total, unsigned int off) {
-  decode(bx, cl, proj, out, n, h, w, nc, reg, stride, total, off);
+extern "C" __global__ void decode_f32(const float *bx, const float *cl, const float *proj, const float *bb,
+                                      const float *cb, float *out, unsigned int n, unsigned int h, unsigned int w,
+                                      unsigned int nc, unsigned int reg, float stride, unsigned int total,
+                                      unsigned int off) {
+  decode(bx, cl, proj, bb, cb, out, n, h, w, nc, reg, stride, total, off);
 }
