@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded rectparity jpegcheck e2efeed graphcheck plansoak ladder compile algos shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras agentjpeg" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded rectparity rectsquare jpegcheck e2efeed graphcheck plansoak ladder compile algos shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras agentjpeg" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -34,6 +34,7 @@
 #      SHAPE_CASES ("t:4GiB c:4GiB t:16GiB") SHAPES (640x384,640x480,480x640,640x640) SHAPE_TIMEOUT (240): step shapes
 #      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
 #      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
+#      RS_VARIANTS (t,c) RS_BATCHES (1,64) RS_INPUT (640x384, a 1280x720 frame's rectangle): step rectsquare
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -575,6 +576,36 @@ if has torchprofile; then
   VARIANTS="${TORCH_PROFILE_VARIANTS:-t,e}" BATCH="${TORCH_PROFILE_BATCH:-256}" MODE="${TORCH_PROFILE_MODE:-fp16cl}" OUT="$W" timeout 200 python3 "$HERE/torch_profile.py" 2>"$W/torch_profile.log" | tee -a "$SUM"
   cp "$W/torch_profile.json" "$OUT/" 2>/dev/null
 fi
+if has rectsquare; then
+  # model only, graphs on, the same batches at the rect input of a 16:9 frame and at the square
+  say "## rect (${RS_INPUT:-640x384}) against square (640x640), model only, f16, graphs on: img/s and MiB per picture"
+  for fit in square rect; do
+    inp=(); [ "$fit" = rect ] && inp=(--input "${RS_INPUT:-640x384}")
+    timeout "${RS_TIMEOUT:-150}" "$BIN" bench --device cuda:0 --variants "${RS_VARIANTS:-t,c}" --dtype f16 --batches "${RS_BATCHES:-1,64}" \
+      --mode model --warmup 3 --iters 300 "${inp[@]}" --out "$W/rs-$fit" > "$W/rs-$fit.md" 2> "$W/rs-$fit.log"
+    echo "rc=$?" >> "$W/rs-$fit.log"
+  done
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUM"
+import json, sys
+w = sys.argv[1]
+rows = {}
+for fit in ("square", "rect"):
+    try:
+        for r in json.load(open(f"{w}/rs-{fit}/bench.json"))["rows"]:
+            if r.get("images_per_s"):
+                rows.setdefault((r["model"], r["batch"]), {})[fit] = (r["images_per_s"], (r.get("peak_mib") or 0) / r["batch"])
+    except (OSError, ValueError) as e:
+        print(f"{fit}: no result ({e})")
+print("| model | batch | square img/s | rect img/s | rect / square | square MiB/img | rect MiB/img | rect / square |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for (m, b), d in sorted(rows.items()):
+    if len(d) == 2:
+        (sq, sm), (rc, rm) = d["square"], d["rect"]
+        mem = f"{sm:.1f} | {rm:.1f} | {rm / sm:.2f}" if sm else "- | - | -"
+        print(f"| {m} | {b} | {sq:.0f} | {rc:.0f} | {rc / sq:.2f} | {mem} |")
+PY
+fi
+
 if has profile; then
   say "## where the time goes (bench --profile, f16, random weights)"
   timeout 240 "$BIN" bench --device cuda:0 --variants "${PROFILE_VARIANTS:-t,c}" --dtype f16 --batches "${PROFILE_BATCHES:-1,32}" --mode model --warmup 2 --iters 5 --profile --out "$W/profile" ${PROFILE_FLAGS:-} > "$W/profile.md" 2> "$W/profile.log"
