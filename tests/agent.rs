@@ -1281,6 +1281,43 @@ fn mqtt_payloads_over_max_bytes_never_reach_the_agent() {
     col.assert_all_typed();
 }
 
+/// `bench` in model mode on the CPU: one row per batch in bench.md, bench.csv and bench.json
+/// (which `scripts/bench_compare.py` and `scripts/gpu_run.sh` read), with the median, p99 and
+/// throughput of the timed runs, and the chart.
+#[test]
+fn bench_reports_every_batch_in_markdown_csv_and_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("bench");
+    let out = yolo_edge()
+        .args(["bench", "--device", "cpu", "--variants", "t", "--dtype", "f32", "--imgsz", "64", "--batches", "1,2"])
+        .args(["--mode", "model", "--warmup", "1", "--iters", "3", "--out"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["batch"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2], "{v}");
+    for r in rows {
+        assert_eq!((r["model"].as_str(), r["mode"].as_str(), r["status"].as_str()), (Some("yolov9t (random)"), Some("model"), Some("ok")));
+        let (p50, p99, lo) = (r["latency_ms"].as_f64().unwrap(), r["p99_ms"].as_f64().unwrap(), r["min_ms"].as_f64().unwrap());
+        assert!(0.0 < lo && lo <= p50 && p50 <= p99, "min <= p50 <= p99: {r}");
+        let ips = r["images_per_s"].as_f64().unwrap();
+        let batch = r["batch"].as_f64().unwrap();
+        assert!((ips - batch * 1000.0 / p50).abs() < 1e-6 * ips, "img/s = batch / median: {r}");
+        assert_eq!(r["iters"], 3, "{r}");
+    }
+    assert_eq!(v["startup"][0]["model"], "yolov9t (random)");
+    let csv = std::fs::read_to_string(out_dir.join("bench.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("model,dtype,mode,batch,status,latency_ms,"), "{csv}");
+    assert_eq!(lines.len(), 3, "a header and a line per batch: {csv}");
+    let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
+    assert_eq!(md.lines().filter(|l| l.starts_with("| yolov9t (random) | f32 | model |")).count(), 2, "{md}");
+    assert!(std::fs::metadata(out_dir.join("bench.png")).unwrap().len() > 0, "the chart");
+}
+
 /// `plan --sweep`: every batch of the sweep's ladder up to the chosen one measured and compared
 /// with the plan's prediction for the pictures its pass runs (on the CPU, no graphs: the batch
 /// itself), and the largest batch that fits found.
