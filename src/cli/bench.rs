@@ -79,8 +79,8 @@ pub struct BenchArgs {
     fit: preprocess::Fit,
     /// Who decodes the end-to-end JPEG files: cpu, nvjpeg (on the GPU, letterbox on the device)
     /// or auto.
-    #[arg(long, value_enum, default_value = "cpu")]
-    jpeg_decoder: common::JpegDecoderArg,
+    #[arg(long, default_value = "cpu")]
+    jpeg_decoder: yolo_edge::detector::JpegDecoder,
     /// nvJPEG decoders at once (with --jpeg-decoder nvjpeg or auto), each on a thread of its own
     /// decoding a batch ahead of the model: the host's side of a decode (parsing, queueing) takes
     /// about as long as the GPU's, so two keep the GPU's decoder busier than one (BENCHMARKS.md).

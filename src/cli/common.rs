@@ -105,25 +105,9 @@ impl TuningArgs {
     }
 }
 
-/// Which decoder takes JPEG files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum JpegDecoderArg {
-    /// The host's decoder (the reference's pixels, bit for bit).
-    Cpu,
-    /// nvJPEG on the GPU, with the letterbox on the device (an error where it cannot load).
-    Nvjpeg,
-    /// nvJPEG where the detector is on a GPU and the library loads, else the host's.
-    Auto,
-}
-
 /// Sets `det` up for `choice` with `lanes` device decoders at once; whether JPEGs are then
 /// decoded on the device.
-pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoderArg, lanes: usize) -> anyhow::Result<bool> {
-    let choice = match choice {
-        JpegDecoderArg::Cpu => JpegDecoder::Cpu,
-        JpegDecoderArg::Nvjpeg => JpegDecoder::Nvjpeg,
-        JpegDecoderArg::Auto => JpegDecoder::Auto,
-    };
+pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoder, lanes: usize) -> anyhow::Result<bool> {
     match det.set_jpeg_decoder(choice, lanes).map_err(|why| anyhow::anyhow!("--jpeg-decoder nvjpeg: {why}"))? {
         JpegSetup::Host => Ok(false),
         JpegSetup::Device { backend } => {

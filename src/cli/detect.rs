@@ -48,8 +48,8 @@ pub struct DetectArgs {
     /// Who decodes JPEG files: cpu (the reference's pixels, bit for bit), nvjpeg (on the GPU,
     /// letterboxed on the device; not with --raw-out or --annotate, which need host pixels) or
     /// auto.
-    #[arg(long, value_enum, default_value = "cpu")]
-    jpeg_decoder: super::common::JpegDecoderArg,
+    #[arg(long, default_value = "cpu")]
+    jpeg_decoder: yolo_edge::detector::JpegDecoder,
     /// nvJPEG decoders at once (with --jpeg-decoder nvjpeg or auto), each on a thread of its own
     /// decoding a batch ahead of the model: the host's side of a decode (parsing, queueing) takes
     /// about as long as the GPU's, so two keep the GPU's decoder busier than one (BENCHMARKS.md).

@@ -111,6 +111,18 @@ pub enum JpegDecoder {
     Auto,
 }
 
+impl std::str::FromStr for JpegDecoder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "nvjpeg" => Ok(Self::Nvjpeg),
+            "auto" => Ok(Self::Auto),
+            _ => Err(format!("`{s}` is not a JPEG decoder (cpu, nvjpeg or auto)")),
+        }
+    }
+}
+
 /// What [`Detector::set_jpeg_decoder`] set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JpegSetup {
@@ -764,6 +776,18 @@ impl Detector {
 #[cfg(test)]
 mod tests {
     use super::graph_rung;
+
+    #[test]
+    fn jpeg_decoder_names_are_the_configs() {
+        use super::JpegDecoder;
+        for (name, want) in [("cpu", JpegDecoder::Cpu), ("nvjpeg", JpegDecoder::Nvjpeg), ("auto", JpegDecoder::Auto)] {
+            assert_eq!(name.parse::<JpegDecoder>(), Ok(want), "the command line's {name}");
+            assert_eq!(serde_json::from_str::<JpegDecoder>(&format!("\"{name}\"")).unwrap(), want, "the config's {name}");
+        }
+        let e = "gpu".parse::<JpegDecoder>().unwrap_err();
+        assert!(e.contains("`gpu`") && e.contains("cpu, nvjpeg or auto"), "{e}");
+        assert!("NVJPEG".parse::<JpegDecoder>().is_err() && serde_json::from_str::<JpegDecoder>("\"NVJPEG\"").is_err());
+    }
 
     #[test]
     fn graph_rungs_are_powers_of_two_up_to_the_top() {

@@ -309,7 +309,7 @@ impl Conv {
             } else {
                 crate::backend::profile::scope(|| format!("concat{}", self.lay.shape_tag(x0)), || self.lay.cat_c(xs))?
             };
-            let y = crate::backend::profile::scope(|| self.op_name(&x), || self.conv(&x))?;
+            let y = self.forward_unbiased(&x)?;
             let what = || {
                 let kind = if self.act { "bias+silu" } else { "bias" };
                 format!("{kind}{} (fused){}", if residual.is_some() { "+residual" } else { "" }, self.lay.shape_tag(&y))
@@ -325,9 +325,8 @@ impl Conv {
         }
     }
 
-    /// The convolution without its bias, which the caller adds (the CUDA head's decode does, as
-    /// it reads the branch outputs).
-    #[cfg(feature = "cuda")]
+    /// The convolution without its bias, which the caller adds (the epilogues here; the CUDA
+    /// head's decode, as it reads the branch outputs).
     pub(super) fn forward_unbiased(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))
     }
@@ -340,7 +339,7 @@ impl Conv {
 
     /// candle's ops: the GPU path, f16, grouped convolutions and BatchNorm calibration.
     fn forward_one(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))?;
+        let y = self.forward_unbiased(x)?;
         let Some(c) = &self.calib else {
             let bias = match self.lay {
                 Lay::Nchw => self.bias.reshape((1, (), 1, 1))?,
@@ -403,7 +402,7 @@ impl Conv {
     fn forward_wide(&self, x: &Tensor, width: usize, offset: usize) -> candle_core::Result<Tensor> {
         #[cfg(feature = "cuda")]
         {
-            let y = crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))?;
+            let y = self.forward_unbiased(x)?;
             crate::backend::profile::scope(
                 || format!("{} into concat{}", if self.act { "bias+silu" } else { "bias" }, self.lay.shape_tag(&y)),
                 || crate::backend::bias_act_wide(&y, &self.bias, self.act, width, offset),
@@ -421,7 +420,7 @@ impl Conv {
     fn forward_into(&self, x: &Tensor, buf: &Tensor, offset: usize) -> candle_core::Result<()> {
         #[cfg(feature = "cuda")]
         {
-            let y = crate::backend::profile::scope(|| self.op_name(x), || self.conv(x))?;
+            let y = self.forward_unbiased(x)?;
             crate::backend::profile::scope(
                 || format!("{} into concat{}", if self.act { "bias+silu" } else { "bias" }, self.lay.shape_tag(&y)),
                 || crate::backend::bias_act_into(buf, offset, &y, &self.bias, self.act),
