@@ -417,14 +417,7 @@ impl Detector {
                 if g.kept.len() >= MAX_GRAPHS {
                     g.kept.remove(0);
                 }
-                let padded = if rung > b {
-                    let mut pad = x.dims().to_vec();
-                    pad[0] = rung - b;
-                    Tensor::zeros(pad, x.dtype(), x.device()).and_then(|z| Tensor::cat(&[x, &z], 0))
-                } else {
-                    Ok(x.clone())
-                };
-                match padded.and_then(|p| GraphedForward::capture(pass, &p)) {
+                match GraphedForward::capture(pass, x, rung) {
                     Ok(gf) => {
                         tracing::info!(
                             batch = gf.batch(),

@@ -49,12 +49,35 @@ fn derr(what: &str) -> impl Fn(candle_core::cuda_backend::cudarc::driver::Driver
 }
 
 impl GraphedForward {
-    /// Captures the pass `forward` (a model's forward pass) for inputs shaped like `x`; it runs
-    /// twice eagerly first, to warm everything up. `forward(x, out)` with `out` a buffer shaped and
-    /// typed like its result writes the result there (the captured pass writes the graph's
-    /// output buffer); a pass that returns some other tensor is copied into it.
-    pub fn capture(forward: impl Fn(&Tensor, Option<&Tensor>) -> candle_core::Result<Tensor>, x: &Tensor) -> candle_core::Result<Self> {
+    /// Captures the pass `forward` (a model's forward pass) for batches of `batch` pictures
+    /// shaped like those of `x` (at most `batch`: the rest of the captured input is zeros, as a
+    /// partial batch is padded up to a rung of the ladder); it runs twice eagerly first, to warm
+    /// everything up. `forward(x, out)` with `out` a buffer shaped and typed like its result
+    /// writes the result there (the captured pass writes the graph's output buffer); a pass that
+    /// returns some other tensor is copied into it. The padding is written into the buffers the
+    /// passes read, never a padded copy beside them: a partial batch's capture needs no more
+    /// memory than a full one's.
+    pub fn capture(
+        forward: impl Fn(&Tensor, Option<&Tensor>) -> candle_core::Result<Tensor>,
+        x: &Tensor,
+        batch: usize,
+    ) -> candle_core::Result<Self> {
         let Device::Cuda(dev) = x.device() else { candle_core::bail!("CUDA graphs need a CUDA device") };
+        let b = x.dim(0)?;
+        if b == 0 || b > batch {
+            candle_core::bail!("CUDA graph for batches of {batch} captured from {b} pictures");
+        }
+        // `x`'s pictures in a buffer of `batch`, zeros after them
+        let padded = || -> candle_core::Result<Tensor> {
+            if b == batch {
+                return x.contiguous()?.copy();
+            }
+            let mut dims = x.dims().to_vec();
+            dims[0] = batch;
+            let t = Tensor::zeros(dims, x.dtype(), x.device())?;
+            t.slice_set(&x.contiguous()?, 0, 0)?;
+            Ok(t)
+        };
         let dev = dev.clone();
         let stream = dev.cuda_stream();
         let _cache = dev.enable_cuda_graph_htod_cache();
@@ -63,7 +86,7 @@ impl GraphedForward {
         let msg = |what: &'static str| move |e: String| candle_core::Error::Msg(format!("CUDA graph: {what}: {e}"));
         crate::backend::arena::park_graph_region(x.device()).map_err(msg("giving the graph region back"))?;
         let warm = (|| {
-            let input = x.contiguous()?.copy()?;
+            let input = padded()?;
             forward(&input, None)?;
             let y = forward(&input, None)?;
             let out = (y.dims().to_vec(), y.dtype());
@@ -80,7 +103,7 @@ impl GraphedForward {
         // the captured pass, its input and its output take addresses in the graph region, which
         // eager passes never use
         let region = crate::backend::arena::serve_graph(x.device());
-        let input = x.contiguous()?.copy()?;
+        let input = padded()?;
         let output = Tensor::zeros(out_dims, out_dtype, x.device())?;
         stream.synchronize().map_err(derr("warm-up"))?;
         // a profiled pass (`bench --profile`) times the captured pass, whose events become
