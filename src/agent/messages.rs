@@ -592,9 +592,12 @@ pub struct MemoryFit {
 pub struct PlanStep {
     /// Its batch size.
     pub batch: usize,
-    /// `probe` (to fit the line) or `verify` (a candidate batch).
+    /// `probe` (to fit the line), `verify` (a candidate batch) or `rung` (a batch of the ladder
+    /// of CUDA graphs below the chosen one, measured after the choice: partial batches run
+    /// padded up to it).
     pub purpose: String,
-    /// The fit's prediction (bytes; null for probes).
+    /// The fit's prediction (bytes; null for probes; for a rung, the prediction before it was
+    /// measured).
     pub predicted: Option<u64>,
     /// The measured peak (bytes; null when the pass failed).
     pub measured: Option<u64>,

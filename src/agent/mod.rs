@@ -91,6 +91,7 @@ fn planner_config(cfg: &Config) -> PlannerConfig {
         memory_fraction: cfg.device.memory_fraction,
         max_batch: cfg.device.max_batch,
         probe_batches: [1, 2, 4].into_iter().filter(|&b| b <= cfg.device.max_batch).collect(),
+        rungs: false,
     }
 }
 
@@ -100,7 +101,8 @@ pub fn startup_batch(cfg: &Config, det: &Detector) -> Result<BatchDecision, Agen
     if let BatchSpec::Fixed(b) = cfg.device.batch {
         return Ok(BatchDecision { batch: b, reason: format!("fixed by config (batch = {b})"), plan: None });
     }
-    let pc = planner_config(cfg);
+    // partial batches run padded up to the rungs of a ladder of graphs where passes replay them
+    let pc = PlannerConfig { rungs: det.replays_graphs(), ..planner_config(cfg) };
     let meter = PeakMeter::new(det.device());
     // the budget is what is free with the model loaded (and cached pool memory given back)
     meter.trim().map_err(PlanError::from)?;

@@ -235,6 +235,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
         memory_fraction: a.memory_fraction,
         max_batch: a.max_batch,
         probe_batches: a.probe_batches.clone(),
+        rungs: false,
     };
     cfg.validate()?;
     if let Some(&(w, h)) = a.shapes.iter().find(|&&(w, h)| w.max(h) > a.imgsz) {
@@ -254,6 +255,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let t1 = Instant::now();
     // measured as the agent runs its passes: on CUDA, replayed graphs (`--cuda-graphs off`: eager)
     det.use_graphs(true);
+    // as the agent plans: every rung of the graph ladder measured where passes replay graphs
+    let cfg = PlannerConfig { rungs: det.replays_graphs(), ..cfg };
     let plan = planner::plan(&mut DetectorProber::new(&det), budget, &cfg)?;
     let plan_ms = t1.elapsed().as_secs_f64() * 1e3;
     let telemetry = MemoryTelemetry::new(&plan, devmem::device_memory(&dev)?, meter.usage()?);

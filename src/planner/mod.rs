@@ -83,11 +83,17 @@ pub struct PlannerConfig {
     pub max_batch: usize,
     /// Batches measured to fit the memory model (ascending, small).
     pub probe_batches: Vec<usize>,
+    /// Whether partial batches run padded up to a ladder of CUDA graphs (powers of two up to
+    /// the chosen batch, [`crate::detector::graph_rung`]): then every rung below the chosen batch
+    /// is measured once the batch is chosen, so that each batch the agent runs is predicted from
+    /// its own reading. Memory between two distant readings is not a straight line (yolov9m
+    /// read 536 MiB at batch 8 where the line from 4 to 60 gave 381).
+    pub rungs: bool,
 }
 
 impl Default for PlannerConfig {
     fn default() -> Self {
-        Self { memory_limit: None, memory_fraction: 0.8, max_batch: 256, probe_batches: vec![1, 2, 4] }
+        Self { memory_limit: None, memory_fraction: 0.8, max_batch: 256, probe_batches: vec![1, 2, 4], rungs: false }
     }
 }
 

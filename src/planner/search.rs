@@ -6,6 +6,51 @@ use serde::Serialize;
 
 use super::*;
 
+/// Measures every rung of the graph ladder below `batch` (powers of two) that no probe or
+/// verification measured yet, adding each reading to `points` (each step keeps what `fit`
+/// predicted for it before). A rung over the budget does not
+/// change the decision (the chosen batch verified within it) but is reported: a partial batch on
+/// that rung would need more than the chosen batch does.
+fn measure_rungs(
+    batch: usize,
+    budget: u64,
+    fit: &MemoryFit,
+    points: &mut Vec<(usize, u64)>,
+    steps: &mut Vec<Step>,
+    reasons: &mut Vec<String>,
+    probe: &mut dyn FnMut(usize) -> Result<u64, ProbeError>,
+) -> Result<(), PlanError> {
+    let rungs: Vec<usize> = std::iter::successors(Some(1usize), |r| r.checked_mul(2))
+        .take_while(|&r| r < batch)
+        .filter(|r| !points.iter().any(|p| p.0 == *r))
+        .collect();
+    let mut measured = Vec::new();
+    for r in rungs {
+        let res = probe(r);
+        let (outcome, reading) = match &res {
+            Ok(p) if *p <= budget => ("ok".to_string(), Some(*p)),
+            Ok(p) => {
+                reasons.push(format!("graph rung {r}: measured {} over the budget, though batch {batch} fits", mib(*p as f64)));
+                ("over budget".to_string(), Some(*p))
+            }
+            Err(ProbeError::Oom(m)) => {
+                reasons.push(format!("graph rung {r}: out of memory ({m}), though batch {batch} fits"));
+                (format!("out of memory: {m}"), None)
+            }
+            Err(ProbeError::Other(m)) => return Err(PlanError::Probe { batch: r, reason: m.clone() }),
+        };
+        steps.push(Step { batch: r, purpose: "rung", predicted: Some(fit.predict(r)), measured: reading, outcome });
+        if let Some(p) = reading {
+            points.push((r, p));
+            measured.push(r);
+        }
+    }
+    if !measured.is_empty() {
+        reasons.push(format!("graph rungs {measured:?} measured: partial batches run padded up to them"));
+    }
+    Ok(())
+}
+
 /// One measurement the planner made.
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
@@ -174,6 +219,12 @@ pub fn plan(prober: &mut dyn Prober, budget: Budget, cfg: &PlannerConfig) -> Res
             "chose {batch}: largest verified batch whose peak fits{}",
             failed_at.map_or(String::new(), |f| format!(" (batch {f} did not)"))
         ));
+    }
+    if cfg.rungs {
+        measure_rungs(batch, budget.bytes, &fit, &mut points, &mut steps, &mut reasons, &mut |b| probe(b, &mut used_points))?;
+        if let Some(f) = MemoryFit::fit(&points) {
+            fit = f;
+        }
     }
     let used_fit = MemoryFit::fit(&used_points);
     // (on the CPU the two readings are one: the process's resident set)

@@ -184,6 +184,64 @@ fn plans_the_largest_fitting_batch_and_verifies_it() {
     assert!(plan.reasons.iter().any(|r| r.contains("chose")));
 }
 
+/// A device whose memory grows with the batch except over a band of batches that need `extra`
+/// more (a cuDNN algorithm with a large workspace at those shapes, as yolov9m's batch 8).
+struct Band {
+    fixed: u64,
+    per: u64,
+    band: std::ops::RangeInclusive<usize>,
+    extra: u64,
+    calls: Vec<usize>,
+}
+impl Prober for Band {
+    fn peak_at(&mut self, b: usize) -> Result<u64, ProbeError> {
+        self.calls.push(b);
+        Ok(self.fixed + self.per * b as u64 + if self.band.contains(&b) { self.extra } else { 0 })
+    }
+}
+
+#[test]
+fn measures_every_graph_rung_below_the_chosen_batch() {
+    // yolov9m on the H200 under 4 GiB (2026-12-05): 4 -> 208 MiB, 8 -> 536 MiB, 60 -> 2636 MiB
+    let (b, cfg) = budget(100_000 * M, Some(4096 * M)); // budget 3276.8 MiB
+    let band = || Band { fixed: 20 * M, per: 46 * M, band: 5..=12, extra: 150 * M, calls: vec![] };
+    let mut plain = band();
+    let without = plan(&mut plain, b.clone(), &cfg).unwrap();
+    let mut laddered = band();
+    let with = plan(&mut laddered, b.clone(), &PlannerConfig { rungs: true, ..cfg }).unwrap();
+    // the decision does not change; the rungs below it are measured after it, each once
+    assert_eq!(with.batch, without.batch);
+    assert_eq!(with.batch, 70);
+    assert_eq!(&laddered.calls[..plain.calls.len()], &plain.calls[..]);
+    assert_eq!(&laddered.calls[plain.calls.len()..], &[8, 16, 32, 64]);
+    let rungs: Vec<&Step> = with.steps.iter().filter(|s| s.purpose == "rung").collect();
+    assert_eq!(rungs.iter().map(|s| s.batch).collect::<Vec<_>>(), vec![8, 16, 32, 64]);
+    assert!(rungs.iter().all(|s| s.outcome == "ok" && s.predicted.is_some()));
+    // every rung is now predicted from its own reading; without them, batch 8 read 25 % above
+    // the line between its neighbours
+    let truth = |n: usize| 20 * M + 46 * M * n as u64 + if (5..=12).contains(&n) { 150 * M } else { 0 };
+    for r in [1, 2, 4, 8, 16, 32, 64, 70] {
+        assert_eq!(with.fit.predict(r), truth(r), "rung {r}");
+    }
+    let off = |p: u64, t: u64| (p as f64 - t as f64).abs() / t as f64;
+    assert!(off(without.fit.predict(8), truth(8)) > 0.2, "{}", without.fit.predict(8) / M);
+    assert!(with.reasons.iter().any(|r| r.contains("graph rungs [8, 16, 32, 64] measured")), "{:?}", with.reasons);
+}
+
+#[test]
+fn a_rung_over_the_budget_is_reported_and_the_decision_stands() {
+    // a band around batch 16 that needs more than the whole budget, which probes at 1, 2, 4 and
+    // a verification at the chosen batch never see
+    let (b, cfg) = budget(100_000 * M, Some(4096 * M));
+    let mut p = Band { fixed: 20 * M, per: 46 * M, band: 13..=20, extra: 4096 * M, calls: vec![] };
+    let with = plan(&mut p, b.clone(), &PlannerConfig { rungs: true, ..cfg }).unwrap();
+    assert_eq!(with.batch, 70);
+    assert!(with.verified_peak <= b.bytes);
+    let s16 = with.steps.iter().find(|s| s.purpose == "rung" && s.batch == 16).expect("rung 16 measured");
+    assert_eq!(s16.outcome, "over budget");
+    assert!(with.reasons.iter().any(|r| r.contains("graph rung 16") && r.contains("over the budget")), "{:?}", with.reasons);
+}
+
 #[test]
 fn respects_max_batch() {
     let (b, mut cfg) = budget(100_000 * M, None);
