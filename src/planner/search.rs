@@ -8,9 +8,9 @@ use super::*;
 
 /// Measures every rung of the graph ladder below `batch` (powers of two) that no probe or
 /// verification measured yet, adding each reading to `points` (each step keeps what `fit`
-/// predicted for it before). A rung over the budget does not
-/// change the decision (the chosen batch verified within it) but is reported: a partial batch on
-/// that rung would need more than the chosen batch does.
+/// predicted for it before). A rung over the budget does not change the decision (the chosen
+/// batch verified within it) but is reported: a partial batch on that rung would need more than
+/// the chosen batch does.
 fn measure_rungs(
     batch: usize,
     budget: u64,
