@@ -8,7 +8,7 @@
 #                                        BIN_XZ=yolo-edge-cuda-sm90.xz for the build without cuDNN)
 #   $DEV/yolov9t-ball.pt $DEV/horses.jpg $DEV/volleyball-court.jpg $DEV/bench_torch.py $DEV/bench_compile.py (DEV=.dev)
 #   $WHL/ultralytics-8.4.190-*.whl $WHL/ultralytics_thop-2.2.3-*.whl                     (WHL=.whl)
-#   STEPS="info startup parity seeded rectparity rectsquare jpegcheck e2efeed graphcheck plansoak ladder compile algos shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras agentjpeg" OUT=/some/dir scripts/gpu_run.sh
+#   STEPS="info startup parity seeded rectparity rectsquare jpegcheck e2efeed graphcheck plansoak ladder compile algos shapes bench beforeafter torch e2e torchprofile graphab wsab upab algoab plan sweep soak arenaab interleave ballast profile cameras agentjpeg fusion" OUT=/some/dir scripts/gpu_run.sh
 # Two at once on a 2-GPU machine: CUDA_VISIBLE_DEVICES=0 OUT=a ... & CUDA_VISIBLE_DEVICES=1 OUT=b ... &
 # (each instance unpacks its own binary under its OUT).
 # The device tool copies the session's checkout, so stage these (and this script) under an
@@ -35,6 +35,8 @@
 #      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
 #      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
 #      RS_VARIANTS (t,c) RS_BATCHES (1,64) RS_INPUT (640x384, a 1280x720 frame's rectangle): step rectsquare
+#      FUSION_VARIANTS (t,c) FUSION_BATCHES (1,8) FUSION_INPUT (384x640) FUSION_TIMEOUT (420): step fusion
+#      (scripts/probe_conv_fusion.py; carried: $DEV/nvidia_cudnn_frontend-1.14.0-cp312-*.whl)
 # Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -64,7 +66,7 @@ SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch._
 # libnvjpeg (jpegcheck, e2efeed with nvjpeg): the CUDA toolkit's, or NVJPEG_DIR's
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:${NVJPEG_DIR:-/usr/local/cuda/lib64}:${LD_LIBRARY_PATH:-}"
 export RUST_LIB_BACKTRACE=0
-if has parity || has seeded || has rectparity || has torch || has torchprofile || has ballast || has ladder || has compile; then
+if has parity || has seeded || has rectparity || has torch || has torchprofile || has ballast || has ladder || has compile || has fusion; then
   mkdir -p "$W/site" && python3 -m pip install -q --no-index --no-deps --target "$W/site" "$WHL"/*.whl >/dev/null 2>&1
 fi
 export PYTHONPATH="$W/site"
@@ -637,6 +639,15 @@ for m, d in per_op.items():
             print(f"  {op:<48} {1000 * d.get((lo, op), 0) / lo:8.1f} -> {1000 * d.get((hi, op), 0) / hi:8.1f}  ({g:+.1f})")
         print(f"  sum of every op's change: {sum(g for g, _ in growth):+.1f} us/picture")
 PY
+fi
+
+if has fusion; then
+  say "## convolution + bias + SiLU fused by cuDNN's graph API against conv + epilogue kernel, as one CUDA graph per pass"
+  mkdir -p "$W/fusion-site" && python3 -m pip install -q --no-index --no-deps --target "$W/fusion-site" "$DEV"/nvidia_cudnn_frontend-*.whl >/dev/null 2>&1
+  PYTHONPATH="$W/fusion-site:$W/site" timeout "${FUSION_TIMEOUT:-420}" python3 "$HERE/probe_conv_fusion.py" --variants "${FUSION_VARIANTS:-t,c}" \
+    --batches "${FUSION_BATCHES:-1,8}" --input "${FUSION_INPUT:-384x640}" --out "$W" > "$W/fusion.md" 2> "$W/fusion.log"
+  echo "exit $?" >> "$W/fusion.log"
+  cat "$W/fusion.md" >> "$SUM"; tail -5 "$W/fusion.log" | tee -a "$SUM"
 fi
 
 if has cameras; then
