@@ -679,13 +679,7 @@ mod tests {
     fn telemetry_rereads_the_cgroup_headroom() {
         let dir = tempfile::tempdir().unwrap();
         let g = 1u64 << 30;
-        let svc = dir.path().join("sys/fs/cgroup/system.slice/yolo-edge.service");
-        std::fs::create_dir_all(&svc).unwrap();
-        std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
-        std::fs::write(dir.path().join("proc/meminfo"), "MemTotal: 16777216 kB\nMemFree: 524288 kB\nMemAvailable: 8388608 kB\n").unwrap();
-        std::fs::write(dir.path().join("proc/self/cgroup"), "0::/system.slice/yolo-edge.service\n").unwrap();
-        std::fs::write(svc.join("memory.max"), (3 * g).to_string()).unwrap();
-        std::fs::write(svc.join("memory.current"), g.to_string()).unwrap();
+        let svc = crate::backend::hostmem::fixtures::capped_service(dir.path());
         let source = DeviceMemorySource::with_root(&candle_core::Device::Cpu, SysRoot::under(dir.path()));
         let m = source.query();
         assert_eq!((m.total, m.free, m.used), (Some(3 * g), Some(2 * g), Some(g)));

@@ -400,6 +400,27 @@ pub fn release_free_heap() {
     }
 }
 
+/// Fixture trees for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::path::{Path, PathBuf};
+
+    /// Under `root`: a 16 GiB host with 8 GiB available whose process runs in a systemd service
+    /// capped at 3 GiB (`memory.max`) with 1 GiB in use. Returns the service's cgroup folder, whose
+    /// files a test may rewrite.
+    pub(crate) fn capped_service(root: &Path) -> PathBuf {
+        let g = 1u64 << 30;
+        let svc = root.join("sys/fs/cgroup/system.slice/yolo-edge.service");
+        std::fs::create_dir_all(&svc).unwrap();
+        std::fs::create_dir_all(root.join("proc/self")).unwrap();
+        std::fs::write(root.join("proc/meminfo"), "MemTotal: 16777216 kB\nMemFree: 524288 kB\nMemAvailable: 8388608 kB\n").unwrap();
+        std::fs::write(root.join("proc/self/cgroup"), "0::/system.slice/yolo-edge.service\n").unwrap();
+        std::fs::write(svc.join("memory.max"), (3 * g).to_string()).unwrap();
+        std::fs::write(svc.join("memory.current"), g.to_string()).unwrap();
+        svc
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

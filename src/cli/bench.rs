@@ -77,15 +77,8 @@ pub struct BenchArgs {
     /// or square.
     #[arg(long, default_value = "rect")]
     fit: preprocess::Fit,
-    /// Who decodes the end-to-end JPEG files: cpu, nvjpeg (on the GPU, letterbox on the device)
-    /// or auto.
-    #[arg(long, default_value = "cpu")]
-    jpeg_decoder: yolo_edge::detector::JpegDecoder,
-    /// nvJPEG decoders at once (with --jpeg-decoder nvjpeg or auto), each on a thread of its own
-    /// decoding a batch ahead of the model: the host's side of a decode (parsing, queueing) takes
-    /// about as long as the GPU's, so two keep the GPU's decoder busier than one (BENCHMARKS.md).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
-    jpeg_decoders: u64,
+    #[command(flatten)]
+    jpeg: common::JpegArgs,
     /// Chart title (default: device and date-free description).
     #[arg(long)]
     title: Option<String>,
@@ -440,7 +433,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             // (`--cuda-graphs off`: eager)
             det.use_graphs(true);
             let outside_before = modes.contains(&"e2e").then(|| outside_allocator(&det, &meter)).flatten();
-            let jpeg_on_device = modes.contains(&"e2e") && common::setup_jpeg_decoder(&det, a.jpeg_decoder, a.jpeg_decoders as usize)?;
+            let jpeg_on_device = modes.contains(&"e2e") && a.jpeg.setup(&det)?;
             for mode in &modes {
                 for &b in &batches {
                     let row = bench_batch(&det, &meter, &name, mode, b, &images, &a, jpeg_on_device);

@@ -105,18 +105,35 @@ impl TuningArgs {
     }
 }
 
-/// Sets `det` up for `choice` with `lanes` device decoders at once; whether JPEGs are then
-/// decoded on the device.
-pub fn setup_jpeg_decoder(det: &Detector, choice: JpegDecoder, lanes: usize) -> anyhow::Result<bool> {
-    match det.set_jpeg_decoder(choice, lanes).map_err(|why| anyhow::anyhow!("--jpeg-decoder nvjpeg: {why}"))? {
-        JpegSetup::Host => Ok(false),
-        JpegSetup::Device { backend } => {
-            eprintln!("JPEG files decoded by nvJPEG ({backend} backend, {lanes} at once) and letterboxed on the device");
-            Ok(true)
-        }
-        JpegSetup::HostInstead { why } => {
-            eprintln!("warning: {why}");
-            Ok(false)
+/// Who decodes JPEG files, as command-line flags (`detect`, `bench`'s end-to-end mode).
+#[derive(Args)]
+pub struct JpegArgs {
+    /// Who decodes JPEG files: cpu (the reference's pixels, bit for bit), nvjpeg (on the GPU,
+    /// letterboxed on the device) or auto. `detect` with --raw-out or --annotate decodes on the
+    /// CPU: both need the host's pixels.
+    #[arg(long, default_value = "cpu")]
+    pub jpeg_decoder: JpegDecoder,
+    /// nvJPEG decoders at once (with --jpeg-decoder nvjpeg or auto), each on a thread of its own
+    /// decoding a batch ahead of the model: the host's side of a decode (parsing, queueing) takes
+    /// about as long as the GPU's, so two keep the GPU's decoder busier than one (BENCHMARKS.md).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
+    pub jpeg_decoders: u64,
+}
+
+impl JpegArgs {
+    /// Sets `det` up for the chosen decoder; whether JPEGs are then decoded on the device.
+    pub fn setup(&self, det: &Detector) -> anyhow::Result<bool> {
+        let lanes = self.jpeg_decoders as usize;
+        match det.set_jpeg_decoder(self.jpeg_decoder, lanes).map_err(|why| anyhow::anyhow!("--jpeg-decoder nvjpeg: {why}"))? {
+            JpegSetup::Host => Ok(false),
+            JpegSetup::Device { backend } => {
+                eprintln!("JPEG files decoded by nvJPEG ({backend} backend, {lanes} at once) and letterboxed on the device");
+                Ok(true)
+            }
+            JpegSetup::HostInstead { why } => {
+                eprintln!("warning: {why}");
+                Ok(false)
+            }
         }
     }
 }

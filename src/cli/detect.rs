@@ -45,16 +45,8 @@ pub struct DetectArgs {
     /// side to imgsz, the short side padded to a multiple of 32) or square (imgsz x imgsz).
     #[arg(long, default_value = "rect")]
     fit: preprocess::Fit,
-    /// Who decodes JPEG files: cpu (the reference's pixels, bit for bit), nvjpeg (on the GPU,
-    /// letterboxed on the device; not with --raw-out or --annotate, which need host pixels) or
-    /// auto.
-    #[arg(long, default_value = "cpu")]
-    jpeg_decoder: yolo_edge::detector::JpegDecoder,
-    /// nvJPEG decoders at once (with --jpeg-decoder nvjpeg or auto), each on a thread of its own
-    /// decoding a batch ahead of the model: the host's side of a decode (parsing, queueing) takes
-    /// about as long as the GPU's, so two keep the GPU's decoder busier than one (BENCHMARKS.md).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
-    jpeg_decoders: u64,
+    #[command(flatten)]
+    jpeg: super::common::JpegArgs,
     /// Write JSON Lines here (`-` for stdout), one object per input, in input order.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -106,7 +98,7 @@ pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
         json: json.as_mut(),
     };
     // the raw output is of pictures letterboxed on the host
-    let jpeg_on_device = a.raw_out.is_none() && super::common::setup_jpeg_decoder(&det, a.jpeg_decoder, a.jpeg_decoders as usize)?;
+    let jpeg_on_device = a.raw_out.is_none() && a.jpeg.setup(&det)?;
     let feed = FeedOptions {
         batch: a.batch,
         imgsz: a.imgsz as u32,

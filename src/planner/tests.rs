@@ -61,13 +61,7 @@ fn budget_from_a_cgroup_capped_host_names_the_binding_limit() {
     use crate::backend::devmem::{DeviceReport, SysRoot};
     let dir = tempfile::tempdir().unwrap();
     let g = 1u64 << 30;
-    let svc = dir.path().join("sys/fs/cgroup/system.slice/yolo-edge.service");
-    std::fs::create_dir_all(&svc).unwrap();
-    std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
-    std::fs::write(dir.path().join("proc/meminfo"), "MemTotal: 16777216 kB\nMemFree: 524288 kB\nMemAvailable: 8388608 kB\n").unwrap();
-    std::fs::write(dir.path().join("proc/self/cgroup"), "0::/system.slice/yolo-edge.service\n").unwrap();
-    std::fs::write(svc.join("memory.max"), (3 * g).to_string()).unwrap();
-    std::fs::write(svc.join("memory.current"), g.to_string()).unwrap();
+    crate::backend::hostmem::fixtures::capped_service(dir.path());
     let root = SysRoot::under(dir.path());
     for report in [DeviceReport::Cpu, DeviceReport::IntegratedGpu] {
         let mem = crate::backend::hostmem::device_memory_at(&root, report).unwrap();

@@ -284,6 +284,10 @@ unsafe impl Send for GpuJpeg {}
 // SAFETY: as for Send: every use of the raw handles goes through the lock.
 unsafe impl Sync for GpuJpeg {}
 
+/// A decoded, letterboxed batch `(B, H, W, 3)` u8 on the device, with per picture its geometry
+/// or why it was not decoded there.
+pub type Decoded = (Tensor, Vec<Result<LetterboxGeometry, Fallback>>);
+
 /// What is done with one picture.
 enum Plan {
     Decode {
@@ -403,14 +407,7 @@ impl GpuJpeg {
     /// the input is `size x size`.
     ///
     /// Returns once nvJPEG is done with `pictures`; the letterbox runs on the device's stream.
-    #[allow(clippy::type_complexity)]
-    pub fn decode_letterbox(
-        &self,
-        pictures: &[&[u8]],
-        size: u32,
-        fit: Fit,
-        limits: &DecodeLimits,
-    ) -> candle_core::Result<(Tensor, Vec<Result<LetterboxGeometry, Fallback>>)> {
+    pub fn decode_letterbox(&self, pictures: &[&[u8]], size: u32, fit: Fit, limits: &DecodeLimits) -> candle_core::Result<Decoded> {
         self.decode_letterbox_inner(pictures, None, size, fit, limits)
     }
 
@@ -419,7 +416,6 @@ impl GpuJpeg {
     /// height it read for each, and only nvJPEG's own reading of the header is compared with it.
     /// A feed checks headers on all cores ahead of the model; checking them again here, on the
     /// one thread that feeds the GPU, would cost that thread as much as the decode.
-    #[allow(clippy::type_complexity)]
     pub fn decode_letterbox_checked(
         &self,
         pictures: &[&[u8]],
@@ -427,14 +423,13 @@ impl GpuJpeg {
         size: u32,
         fit: Fit,
         limits: &DecodeLimits,
-    ) -> candle_core::Result<(Tensor, Vec<Result<LetterboxGeometry, Fallback>>)> {
+    ) -> candle_core::Result<Decoded> {
         if sizes.len() != pictures.len() {
             candle_core::bail!("decode_letterbox_checked: {} pictures with {} sizes", pictures.len(), sizes.len());
         }
         self.decode_letterbox_inner(pictures, Some(sizes), size, fit, limits)
     }
 
-    #[allow(clippy::type_complexity)]
     fn decode_letterbox_inner(
         &self,
         pictures: &[&[u8]],
@@ -442,7 +437,7 @@ impl GpuJpeg {
         size: u32,
         fit: Fit,
         limits: &DecodeLimits,
-    ) -> candle_core::Result<(Tensor, Vec<Result<LetterboxGeometry, Fallback>>)> {
+    ) -> candle_core::Result<Decoded> {
         if size == 0 || pictures.is_empty() {
             candle_core::bail!("decode_letterbox: {} pictures at size {size}", pictures.len());
         }
