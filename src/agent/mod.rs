@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
 use crate::agent::events::EventSink;
-use crate::agent::pipeline::{ModelMeta, Pipeline};
+use crate::agent::pipeline::{ModelMeta, Pipeline, Wiring};
 use crate::agent::sources::{folder, mqtt as mqtt_source};
 use crate::agent::spool::{Spool, SpoolError};
 use crate::agent::telemetry::{DeviceMemorySource, MemorySource, Stats};
@@ -267,18 +267,16 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
 
     let hub = frames::FrameHub::new();
     let pictures = cfg.sources.iter().any(|s| !s.is_stream());
-    let pipeline = Pipeline::start(
-        detector,
-        batch,
-        decision.plan.clone(),
-        cfg_rx.clone(),
-        intake_rx,
-        hub.clone(),
+    let wiring = Wiring {
+        cfg: cfg_rx.clone(),
+        intake: intake_rx,
+        hub: hub.clone(),
         pictures,
-        results_tx,
-        events.clone(),
-        stats.clone(),
-    )?;
+        results: results_tx,
+        events: events.clone(),
+        stats: stats.clone(),
+    };
+    let pipeline = Pipeline::start(detector, batch, decision.plan.clone(), wiring)?;
     let model_meta = pipeline.model.clone();
     let control = pipeline.control.clone();
 

@@ -172,6 +172,25 @@ impl Prep {
     }
 }
 
+/// What the pipeline reads from and writes to.
+pub struct Wiring {
+    /// The validated config, and each reload's.
+    pub cfg: watch::Receiver<Arc<Config>>,
+    /// Pictures from folder and MQTT sources.
+    pub intake: mpsc::Receiver<Job>,
+    /// The newest frame of each camera and video stream.
+    pub hub: Arc<FrameHub>,
+    /// Whether any folder or MQTT source feeds the intake (without, a batch holding a frame of
+    /// every stream goes at once instead of waiting `max_wait` for pictures).
+    pub pictures: bool,
+    /// Every job's outcome, in the order batches finish.
+    pub results: mpsc::Sender<Outcome>,
+    /// Where the pipeline's events go (batch changes, out-of-memory fallbacks, re-plans).
+    pub events: EventSink,
+    /// The counters telemetry and metrics read.
+    pub stats: Arc<Stats>,
+}
+
 /// Handles of the running pipeline threads.
 pub struct Pipeline {
     pub control: SyncSender<Control>,
@@ -180,23 +199,11 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts the pipeline. It ends by itself once `intake` is closed and drained and `hub`
-    /// closed, after the last outcome has been sent on `results`. `pictures`: whether any folder
-    /// or MQTT source feeds the intake (without, a batch holding a frame of every stream goes at
-    /// once instead of waiting `max_wait` for pictures).
-    #[allow(clippy::too_many_arguments)]
-    pub fn start(
-        detector: Detector,
-        startup_batch: usize,
-        plan: Option<Plan>,
-        cfg: watch::Receiver<Arc<Config>>,
-        intake: mpsc::Receiver<Job>,
-        hub: Arc<FrameHub>,
-        pictures: bool,
-        results: mpsc::Sender<Outcome>,
-        events: EventSink,
-        stats: Arc<Stats>,
-    ) -> std::io::Result<Self> {
+    /// Starts the pipeline with the batch and plan the agent started with. It ends by itself
+    /// once the intake is closed and drained and the hub closed, after the last outcome has been
+    /// sent on `results`.
+    pub fn start(detector: Detector, startup_batch: usize, plan: Option<Plan>, wiring: Wiring) -> std::io::Result<Self> {
+        let Wiring { cfg, intake, hub, pictures, results, events, stats } = wiring;
         let c = cfg.borrow().clone();
         let threads_n = c.device.decode_threads.max(1);
         let pool = Arc::new(
