@@ -40,7 +40,8 @@ def parse_args():
     p.add_argument("--batches", default="1,8", help="batch sizes")
     p.add_argument("--input", default="384x640", help="network input HxW (a 1280x720 frame's rectangle: 384x640)")
     p.add_argument("--replays", type=int, default=300, help="graph replays per timing")
-    p.add_argument("--max-plans", type=int, default=6, help="plans built and timed per graph (the heuristics' first ones)")
+    p.add_argument("--max-plans", type=int, default=3, help="plans built and timed per graph (the heuristics' first ones)")
+    p.add_argument("--build-budget", type=float, default=120.0, help="seconds of plan building per case; past it convolutions stay unfused")
     p.add_argument("--out", default=None, help="folder for fusion.json")
     return p.parse_args()
 
@@ -236,6 +237,8 @@ def probe(cudnn, handle, variant, batch, h, w, args, epi):
         if key not in plans and key not in why_not:
             if c["groups"] != 1:
                 why_not[key] = "grouped"
+            elif fused and build_s > args.build_budget:
+                why_not[key] = f"build budget ({args.build_budget:.0f} s) spent"
             else:
                 try:
                     plans[key] = CudnnPlan(cudnn, handle, c, out, fused, args.max_plans)
