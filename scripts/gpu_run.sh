@@ -37,7 +37,9 @@
 #      RS_VARIANTS (t,c) RS_BATCHES (1,64) RS_INPUT (640x384, a 1280x720 frame's rectangle): step rectsquare
 #      FUSION_VARIANTS (t,c) FUSION_BATCHES (1,8) FUSION_INPUT (384x640) FUSION_TIMEOUT (420): step fusion
 #      (scripts/probe_conv_fusion.py; carried: $DEV/nvidia_cudnn_frontend-1.14.0-cp312-*.whl)
-# Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON).
+#      STOP_AT (epoch s): steps not started by then are skipped (a step already running keeps its own timeout)
+# Results: $OUT/summary.md, $OUT/bench.png, $OUT/all.tar.gz (every log, CSV and JSON; also written when
+# the script is stopped by SIGTERM or SIGINT, e.g. by an outer `timeout`, with whatever the steps left).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DIST="${DIST:-dist}"; DEV="${DEV:-.dev}"; WHL="${WHL:-.whl}"
@@ -51,7 +53,16 @@ PLAN_LIMITS="${PLAN_LIMITS:-4GiB,8GiB,16GiB}"
 PLAN_VARIANTS="${PLAN_VARIANTS:-t,s,m,c,e}"
 SUM="$OUT/summary.md"; : > "$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+has() {
+  [[ " $STEPS " == *" $1 "* ]] || return 1
+  if [ -n "${STOP_AT:-}" ] && [ "$(date +%s)" -ge "$STOP_AT" ]; then
+    say "step $1 skipped: past STOP_AT"
+    return 1
+  fi
+}
+# every log, CSV and JSON the steps left, without the binaries, site-packages and arrays
+pack() { (cd "$OUT" && tar czf all.tar.gz --exclude="work/yolo-edge*" --exclude=work/site --exclude=work/fusion-site --exclude="*.npy" work); }
+trap 'say "stopped by a signal"; pack; exit 143' TERM INT
 # ab_bench TAG BATCHES FLAG...: model-only bench of AB_VARIANTS with those tuning flags
 # (yolo-edge bench --help), appended to the summary under "### TAG (flags)"
 ab_bench() {
@@ -700,5 +711,5 @@ if has agentjpeg; then
   fi
 fi
 
-(cd "$OUT" && tar czf all.tar.gz --exclude="work/yolo-edge*" --exclude=work/site --exclude="*.npy" work && rm -rf work)
+pack && rm -rf "$W"
 echo; cat "$SUM" | tail -60
