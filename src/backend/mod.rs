@@ -38,7 +38,9 @@ pub use arena::serve as serve_arena;
 pub use conv::{conv2d, cudnn_takes};
 /// The model's fused f32 convolution on the CPU (im2col + packed GEMM + bias/SiLU/residual).
 pub use cpu::conv::conv2d as cpu_fused_conv2d;
+pub use cpu::head::{decode as cpu_head_decode, Level as CpuHeadLevel};
 pub use cpu::kernel::PackedWeights;
+pub use cpu::pool::{avg_2x2_s1 as cpu_avg_pool_2x2_s1, max_padded as cpu_max_pool_padded};
 /// Channels-last convolution through a cuDNN plan (`None`: cuDNN cannot run this shape).
 #[cfg(feature = "cudnn")]
 pub use cuda::cudnn::conv2d as cudnn_conv2d;

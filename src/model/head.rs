@@ -64,8 +64,7 @@ pub struct Detect {
     classes: Vec<Branch>,
     /// DFL projection weights (0..reg_max), shaped (1, 1, reg_max, 1).
     proj: Tensor,
-    /// The same weights as `reg_max` f32 values (the fused CUDA decode's input).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// The same weights as `reg_max` f32 values (the fused CUDA and the CPU decode's input).
     proj_f32: Tensor,
     /// Per level, the biases of the box and class branches' last convolutions as f32 (the
     /// fused CUDA decode adds them as it reads the branches).
@@ -185,6 +184,9 @@ impl Detect {
             return self.forward_fused(feats, input_hw, out);
         }
         let _ = out;
+        if feats[0].device().is_cpu() && feats[0].dtype() == DType::F32 {
+            return self.forward_cpu(feats, input_hw);
+        }
         let b = feats[0].dim(0)?;
         let mut box_parts = Vec::with_capacity(feats.len());
         let mut cls_parts = Vec::with_capacity(feats.len());
@@ -227,6 +229,40 @@ impl Detect {
             offset += h * w;
         }
         Ok(out)
+    }
+
+    /// The f32 CPU path of [`Self::forward`]: the branches, then one decode over their outputs
+    /// ([`crate::backend::cpu_head_decode`]).
+    fn forward_cpu(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
+        use crate::backend::{cpu_head_decode, CpuHeadLevel};
+        fn f32_view<'a>(s: &'a candle_core::Storage, l: &candle_core::Layout) -> candle_core::Result<&'a [f32]> {
+            match s {
+                candle_core::Storage::Cpu(c) => Ok(&c.as_slice::<f32>()?[l.start_offset()..][..l.shape().elem_count()]),
+                _ => candle_core::bail!("head decode: a branch output is not on the CPU"),
+            }
+        }
+        let b = feats[0].dim(0)?;
+        let mut parts = Vec::with_capacity(feats.len());
+        for (i, f) in feats.iter().enumerate() {
+            let (_, h, w) = self.lay.chw(f)?;
+            let flat = |t: &Tensor| self.lay.to_nchw(t)?.flatten_from(2)?.contiguous();
+            let (bx, cl) = (flat(&self.boxes[i].forward(f)?)?, flat(&self.classes[i].forward(f)?)?);
+            parts.push((bx, cl, w, h * w, (input_hw.0 / h.max(1)) as f32));
+        }
+        crate::backend::profile::scope(
+            || "head: DFL + decode".into(),
+            || {
+                let guards: Vec<_> = parts.iter().map(|(bx, cl, ..)| (bx.storage_and_layout(), cl.storage_and_layout())).collect();
+                let mut levels = Vec::with_capacity(parts.len());
+                for (((bs, bl), (cs, cl)), &(_, _, grid_w, anchors, stride)) in guards.iter().zip(&parts) {
+                    levels.push(CpuHeadLevel { boxes: f32_view(bs, bl)?, classes: f32_view(cs, cl)?, grid_w, anchors, stride });
+                }
+                let proj = self.proj_f32.to_vec1::<f32>()?;
+                let out = cpu_head_decode(&levels, b, self.nc, &proj).map_err(candle_core::Error::Msg)?;
+                let a = levels.iter().map(|l| l.anchors).sum::<usize>();
+                Tensor::from_vec(out, (b, 4 + self.nc, a), &Device::Cpu)
+            },
+        )
     }
 
     /// DFL expectation, anchor decode and sigmoid over the flattened branch outputs.

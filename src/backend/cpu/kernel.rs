@@ -87,17 +87,22 @@ pub struct Epilogue {
     pub res: Option<*const f32>,
 }
 
-/// SiLU with a polynomial `exp` (Cephes `expf`, relative error ~1e-7) that vectorises, unlike
-/// the libm call.
+/// `exp(x)` for `x` clamped to `-87..=88` as a polynomial (Cephes `expf`, relative error ~1e-7)
+/// that vectorises, unlike the libm call.
 #[inline(always)]
-pub fn silu(v: f32) -> f32 {
-    let x = (-v).clamp(-87.0, 88.0);
+pub fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
     let fx = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = x - fx * 0.693_359_4 - fx * -2.121_944_4e-4;
     let y = ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 0.5;
     let y = y * r * r + r + 1.0;
-    let e = y * f32::from_bits(((fx as i32 + 127) as u32) << 23);
-    v / (1.0 + e)
+    y * f32::from_bits(((fx as i32 + 127) as u32) << 23)
+}
+
+/// SiLU, `v / (1 + exp(-v))`, with the polynomial [`exp`].
+#[inline(always)]
+pub fn silu(v: f32) -> f32 {
+    v / (1.0 + exp(-v))
 }
 
 /// [`silu`] on 8 lanes.
