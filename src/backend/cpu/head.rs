@@ -57,7 +57,7 @@ pub fn decode(levels: &[Level<'_>], b: usize, nc: usize, proj: &[f32]) -> Result
             let mut k0 = 0;
             while k0 < l.anchors {
                 let n = BLOCK.min(l.anchors - k0);
-                decode_boxes(src, l, reg, proj, k0, n, a, offset, boxes);
+                decode_boxes(&Block { src, level: l, proj, k0, n, a, offset }, boxes);
                 k0 += n;
             }
             offset += l.anchors;
@@ -76,16 +76,26 @@ pub fn decode(levels: &[Level<'_>], b: usize, nc: usize, proj: &[f32]) -> Result
     Ok(out)
 }
 
-/// Boxes of anchors `k0..k0 + n` of level `l` (its box values of one picture in `src`) into the
-/// picture's four rows `out` (`a` wide), at column `offset + k`.
-#[allow(clippy::too_many_arguments)]
-fn decode_boxes(src: &[f32], l: &Level<'_>, reg: usize, proj: &[f32], k0: usize, n: usize, a: usize, offset: usize, out: &mut [f32]) {
+/// Anchors `k0..k0 + n` of `level`, whose box values of one picture are `src`, for the rows of
+/// a picture `a` wide from column `offset` (the level's first anchor).
+struct Block<'a> {
+    src: &'a [f32],
+    level: &'a Level<'a>,
+    proj: &'a [f32],
+    k0: usize,
+    n: usize,
+    a: usize,
+    offset: usize,
+}
+
+/// The boxes of `blk` into the picture's four rows `out`, at column `offset + k`.
+fn decode_boxes(blk: &Block<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::kernel::available() {
         // SAFETY: AVX2 and FMA are available (checked just above); the body is safe code.
-        return unsafe { decode_boxes_avx2(src, l, reg, proj, k0, n, a, offset, out) };
+        return unsafe { decode_boxes_avx2(blk, out) };
     }
-    decode_boxes_portable(src, l, reg, proj, k0, n, a, offset, out)
+    decode_boxes_portable(blk, out)
 }
 
 /// [`decode_boxes_portable`] compiled for AVX2 + FMA, where its loops vectorise.
@@ -94,34 +104,14 @@ fn decode_boxes(src: &[f32], l: &Level<'_>, reg: usize, proj: &[f32], k0: usize,
 /// AVX2 and FMA must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn decode_boxes_avx2(
-    src: &[f32],
-    l: &Level<'_>,
-    reg: usize,
-    proj: &[f32],
-    k0: usize,
-    n: usize,
-    a: usize,
-    offset: usize,
-    out: &mut [f32],
-) {
-    decode_boxes_portable(src, l, reg, proj, k0, n, a, offset, out)
+unsafe fn decode_boxes_avx2(blk: &Block<'_>, out: &mut [f32]) {
+    decode_boxes_portable(blk, out)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn decode_boxes_portable(
-    src: &[f32],
-    l: &Level<'_>,
-    reg: usize,
-    proj: &[f32],
-    k0: usize,
-    n: usize,
-    a: usize,
-    offset: usize,
-    out: &mut [f32],
-) {
+fn decode_boxes_portable(blk: &Block<'_>, out: &mut [f32]) {
+    let &Block { src, level: l, proj, k0, n, a, offset } = blk;
+    let reg = proj.len();
     let mut dist = [[0f32; BLOCK]; 4];
     let mut max = [0f32; BLOCK];
     let mut sum = [0f32; BLOCK];
