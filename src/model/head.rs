@@ -184,9 +184,6 @@ impl Detect {
             return self.forward_fused(feats, input_hw, out);
         }
         let _ = out;
-        if feats[0].device().is_cpu() && feats[0].dtype() == DType::F32 {
-            return self.forward_cpu(feats, input_hw);
-        }
         let b = feats[0].dim(0)?;
         let mut box_parts = Vec::with_capacity(feats.len());
         let mut cls_parts = Vec::with_capacity(feats.len());
@@ -196,7 +193,16 @@ impl Detect {
             box_parts.push(flat(&bx)?);
             cls_parts.push(flat(&cl)?);
         }
-        crate::backend::profile::scope(|| "head: DFL + decode".into(), || self.decode(feats, input_hw, b, &box_parts, &cls_parts))
+        crate::backend::profile::scope(
+            || "head: DFL + decode".into(),
+            || {
+                if crate::backend::is_cpu_f32(&feats[0]) {
+                    self.decode_cpu(feats, input_hw, b, &box_parts, &cls_parts)
+                } else {
+                    self.decode(feats, input_hw, b, &box_parts, &cls_parts)
+                }
+            },
+        )
     }
 
     /// The CUDA path of [`Self::forward`] on channels-last features: for each level its branches
@@ -231,38 +237,34 @@ impl Detect {
         Ok(out)
     }
 
-    /// The f32 CPU path of [`Self::forward`]: the branches, then one decode over their outputs
-    /// ([`crate::backend::cpu_head_decode`]).
-    fn forward_cpu(&self, feats: &[Tensor], input_hw: (usize, usize)) -> candle_core::Result<Tensor> {
-        use crate::backend::{cpu_head_decode, CpuHeadLevel};
-        fn f32_view<'a>(s: &'a candle_core::Storage, l: &candle_core::Layout) -> candle_core::Result<&'a [f32]> {
-            match s {
-                candle_core::Storage::Cpu(c) => Ok(&c.as_slice::<f32>()?[l.start_offset()..][..l.shape().elem_count()]),
-                _ => candle_core::bail!("head decode: a branch output is not on the CPU"),
-            }
-        }
-        let b = feats[0].dim(0)?;
-        let mut parts = Vec::with_capacity(feats.len());
-        for (i, f) in feats.iter().enumerate() {
+    /// [`Self::decode`] of f32 parts on the CPU, in one pass ([`crate::backend::cpu_head_decode`]).
+    fn decode_cpu(
+        &self,
+        feats: &[Tensor],
+        input_hw: (usize, usize),
+        b: usize,
+        box_parts: &[Tensor],
+        cls_parts: &[Tensor],
+    ) -> candle_core::Result<Tensor> {
+        use crate::backend::{cpu_head_decode, with_cpu_f32, CpuHeadLevel};
+        let mut grids = Vec::with_capacity(feats.len());
+        for f in feats {
             let (_, h, w) = self.lay.chw(f)?;
-            let flat = |t: &Tensor| self.lay.to_nchw(t)?.flatten_from(2)?.contiguous();
-            let (bx, cl) = (flat(&self.boxes[i].forward(f)?)?, flat(&self.classes[i].forward(f)?)?);
-            parts.push((bx, cl, w, h * w, (input_hw.0 / h.max(1)) as f32));
+            grids.push((w, h * w, (input_hw.0 / h.max(1)) as f32));
         }
-        crate::backend::profile::scope(
-            || "head: DFL + decode".into(),
-            || {
-                let guards: Vec<_> = parts.iter().map(|(bx, cl, ..)| (bx.storage_and_layout(), cl.storage_and_layout())).collect();
-                let mut levels = Vec::with_capacity(parts.len());
-                for (((bs, bl), (cs, cl)), &(_, _, grid_w, anchors, stride)) in guards.iter().zip(&parts) {
-                    levels.push(CpuHeadLevel { boxes: f32_view(bs, bl)?, classes: f32_view(cs, cl)?, grid_w, anchors, stride });
-                }
-                let proj = self.proj_f32.to_vec1::<f32>()?;
-                let out = cpu_head_decode(&levels, b, self.nc, &proj).map_err(candle_core::Error::Msg)?;
-                let a = levels.iter().map(|l| l.anchors).sum::<usize>();
-                Tensor::from_vec(out, (b, 4 + self.nc, a), &Device::Cpu)
-            },
-        )
+        let proj = self.proj_f32.to_vec1::<f32>()?;
+        let parts: Vec<&Tensor> = box_parts.iter().chain(cls_parts).collect();
+        let out = with_cpu_f32(&parts, |v| {
+            let (boxes, classes) = v.split_at(box_parts.len());
+            let levels: Vec<CpuHeadLevel<'_>> = grids
+                .iter()
+                .zip(boxes.iter().zip(classes))
+                .map(|(&(grid_w, anchors, stride), (bx, cl))| CpuHeadLevel { boxes: bx, classes: cl, grid_w, anchors, stride })
+                .collect();
+            cpu_head_decode(&levels, b, self.nc, &proj)
+        })?;
+        let a = grids.iter().map(|g| g.1).sum::<usize>();
+        Tensor::from_vec(out, (b, 4 + self.nc, a), &Device::Cpu)
     }
 
     /// DFL expectation, anchor decode and sigmoid over the flattened branch outputs.

@@ -81,9 +81,9 @@ impl Lay {
     /// `avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)`.
     pub fn avg_pool_2x2_s1(self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Lay::Nchw if is_cpu_f32(x) => {
+            Lay::Nchw if crate::backend::is_cpu_f32(x) => {
                 let (b, c, h, w) = x.dims4()?;
-                let y = with_f32(x, |v| crate::backend::cpu_avg_pool_2x2_s1(v, b * c, h, w))?;
+                let y = crate::backend::with_cpu_f32(&[x], |v| crate::backend::cpu_avg_pool_2x2_s1(v[0], b * c, h, w))?;
                 Tensor::from_vec(y, (b, c, h.saturating_sub(1), w.saturating_sub(1)), x.device())
             }
             Lay::Nchw => x.avg_pool2d_with_stride((2, 2), (1, 1)),
@@ -95,9 +95,9 @@ impl Lay {
     pub fn max_pool_padded(self, x: &Tensor, k: usize, s: usize) -> candle_core::Result<Tensor> {
         let p = k / 2;
         match self {
-            Lay::Nchw if is_cpu_f32(x) => {
+            Lay::Nchw if crate::backend::is_cpu_f32(x) => {
                 let (b, c, h, w) = x.dims4()?;
-                let (y, oh, ow) = with_f32(x, |v| crate::backend::cpu_max_pool_padded(v, b * c, h, w, k, s))?;
+                let (y, oh, ow) = crate::backend::with_cpu_f32(&[x], |v| crate::backend::cpu_max_pool_padded(v[0], b * c, h, w, k, s))?;
                 Tensor::from_vec(y, (b, c, oh, ow), x.device())
             }
             // replicating the edge equals -inf padding for a max
@@ -188,22 +188,6 @@ fn pool_nhwc_candle(x: &Tensor, kind: Pool, k: usize, s: usize, p: usize) -> can
         Pool::Avg => nchw.pad_with_zeros(2, p, p)?.pad_with_zeros(3, p, p)?.avg_pool2d_with_stride((k, k), (s, s))?,
     };
     y.permute((0, 2, 3, 1))?.contiguous()
-}
-
-/// Whether `x` takes the CPU's f32 pooling (`crate::backend::cpu_avg_pool_2x2_s1`, ...).
-fn is_cpu_f32(x: &Tensor) -> bool {
-    x.device().is_cpu() && x.dtype() == candle_core::DType::F32
-}
-
-/// `f` of the values of `x` (an f32 CPU tensor), contiguous.
-fn with_f32<T>(x: &Tensor, f: impl FnOnce(&[f32]) -> Result<T, String>) -> candle_core::Result<T> {
-    let x = x.contiguous()?;
-    let (s, l) = x.storage_and_layout();
-    let v = match &*s {
-        candle_core::Storage::Cpu(c) => &c.as_slice::<f32>()?[l.start_offset()..][..l.shape().elem_count()],
-        _ => candle_core::bail!("CPU pooling of a tensor on {:?}", x.device()),
-    };
-    f(v).map_err(candle_core::Error::Msg)
 }
 
 #[cfg(test)]

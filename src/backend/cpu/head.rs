@@ -51,13 +51,14 @@ pub fn decode(levels: &[Level<'_>], b: usize, nc: usize, proj: &[f32]) -> Result
     // boxes: per picture, its four rows
     out.par_chunks_mut(rows * a).enumerate().for_each(|(p, pic)| {
         let (boxes, _) = pic.split_at_mut(4 * a);
+        let mut scratch = vec![0f32; reg * BLOCK];
         let mut offset = 0;
         for l in levels {
             let src = &l.boxes[p * 4 * reg * l.anchors..][..4 * reg * l.anchors];
             let mut k0 = 0;
             while k0 < l.anchors {
                 let n = BLOCK.min(l.anchors - k0);
-                decode_boxes(&Block { src, level: l, proj, k0, n, a, offset }, boxes);
+                decode_boxes(&Block { src, level: l, proj, k0, n, a, offset }, &mut scratch, boxes);
                 k0 += n;
             }
             offset += l.anchors;
@@ -88,14 +89,15 @@ struct Block<'a> {
     offset: usize,
 }
 
-/// The boxes of `blk` into the picture's four rows `out`, at column `offset + k`.
-fn decode_boxes(blk: &Block<'_>, out: &mut [f32]) {
+/// The boxes of `blk` into the picture's four rows `out`, at column `offset + k`; `e` is
+/// scratch for the exponentials of a block (`reg * BLOCK` values).
+fn decode_boxes(blk: &Block<'_>, e: &mut [f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::kernel::available() {
         // SAFETY: AVX2 and FMA are available (checked just above); the body is safe code.
-        return unsafe { decode_boxes_avx2(blk, out) };
+        return unsafe { decode_boxes_avx2(blk, e, out) };
     }
-    decode_boxes_portable(blk, out)
+    decode_boxes_portable(blk, e, out)
 }
 
 /// [`decode_boxes_portable`] compiled for AVX2 + FMA, where its loops vectorise.
@@ -104,18 +106,17 @@ fn decode_boxes(blk: &Block<'_>, out: &mut [f32]) {
 /// AVX2 and FMA must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn decode_boxes_avx2(blk: &Block<'_>, out: &mut [f32]) {
-    decode_boxes_portable(blk, out)
+unsafe fn decode_boxes_avx2(blk: &Block<'_>, e: &mut [f32], out: &mut [f32]) {
+    decode_boxes_portable(blk, e, out)
 }
 
 #[inline(always)]
-fn decode_boxes_portable(blk: &Block<'_>, out: &mut [f32]) {
+fn decode_boxes_portable(blk: &Block<'_>, e: &mut [f32], out: &mut [f32]) {
     let &Block { src, level: l, proj, k0, n, a, offset } = blk;
     let reg = proj.len();
     let mut dist = [[0f32; BLOCK]; 4];
     let mut max = [0f32; BLOCK];
     let mut sum = [0f32; BLOCK];
-    let mut e = vec![0f32; reg * BLOCK];
     for (side, d) in dist.iter_mut().enumerate() {
         let bin = |j: usize| &src[(side * reg + j) * l.anchors + k0..][..n];
         max[..n].copy_from_slice(bin(0));
