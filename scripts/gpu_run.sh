@@ -627,6 +627,8 @@ if has profile; then
 import csv, sys, collections, re
 rows = list(csv.DictReader(open(sys.argv[1])))
 def category(op):
+    if op.endswith("(cuDNN fused)"):
+        return "conv+bias+act (cuDNN fused)"
     if op.startswith("conv"):
         return "conv 1x1" if " 1x1/" in op else "conv 3x3 s2" if "/2 " in op else "conv grouped" if " g" in op.split("@")[0] else "conv kxk s1"
     return re.sub(r" c\d+ @\d+x\d+$", "", op)

@@ -82,6 +82,20 @@ pub fn take() -> Vec<(String, u64, f64)> {
 
 /// Runs `f`, timing it as `name()` when collecting on this thread.
 pub fn scope<T>(name: impl FnOnce() -> String, f: impl FnOnce() -> candle_core::Result<T>) -> candle_core::Result<T> {
+    scope_if(name, f, |_| true)
+}
+
+/// [`scope`] of work that may decline to run (`Ok(None)`): only work done is recorded.
+pub fn scope_some<T>(name: impl FnOnce() -> String, f: impl FnOnce() -> candle_core::Result<Option<T>>) -> candle_core::Result<Option<T>> {
+    scope_if(name, f, Option::is_some)
+}
+
+/// [`scope`], recording the span only where `keep` holds for the result.
+fn scope_if<T>(
+    name: impl FnOnce() -> String,
+    f: impl FnOnce() -> candle_core::Result<T>,
+    keep: impl FnOnce(&T) -> bool,
+) -> candle_core::Result<T> {
     let dev = TABLE.with(|t| t.borrow().as_ref().map(|t| t.device.clone()));
     let Some(dev) = dev else { return f() };
     #[cfg(feature = "cuda")]
@@ -90,11 +104,13 @@ pub fn scope<T>(name: impl FnOnce() -> String, f: impl FnOnce() -> candle_core::
         span.start()?;
         let r = f()?;
         span.mark_stop()?;
-        TABLE.with(|t| {
-            if let Some(t) = t.borrow_mut().as_mut() {
-                t.spans.push((name(), span));
-            }
-        });
+        if keep(&r) {
+            TABLE.with(|t| {
+                if let Some(t) = t.borrow_mut().as_mut() {
+                    t.spans.push((name(), span));
+                }
+            });
+        }
         return Ok(r);
     }
     dev.synchronize()?;
@@ -102,11 +118,13 @@ pub fn scope<T>(name: impl FnOnce() -> String, f: impl FnOnce() -> candle_core::
     let r = f()?;
     dev.synchronize()?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
-    TABLE.with(|t| {
-        if let Some(t) = t.borrow_mut().as_mut() {
-            add(&mut t.ops, name(), ms);
-        }
-    });
+    if keep(&r) {
+        TABLE.with(|t| {
+            if let Some(t) = t.borrow_mut().as_mut() {
+                add(&mut t.ops, name(), ms);
+            }
+        });
+    }
     Ok(r)
 }
 
@@ -218,9 +236,12 @@ mod tests {
             scope(|| "exp".into(), || x.exp()).unwrap();
         }
         scope(|| "sqr".into(), || x.sqr()).unwrap();
+        scope_some(|| "declined".into(), || Ok(None::<Tensor>)).unwrap();
+        assert!(scope_some(|| "done".into(), || x.exp().map(Some)).unwrap().is_some());
         let t = take();
         let names: Vec<(&str, u64)> = t.iter().map(|(n, c, _)| (n.as_str(), *c)).collect();
-        assert!(names.contains(&("exp", 3)) && names.contains(&("sqr", 1)), "{names:?}");
+        assert!(names.contains(&("exp", 3)) && names.contains(&("sqr", 1)) && names.contains(&("done", 1)), "{names:?}");
+        assert!(!names.iter().any(|(n, _)| *n == "declined"), "work declined is not recorded: {names:?}");
         assert!(take().is_empty(), "take() stops collecting");
     }
 

@@ -80,19 +80,19 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usi
 /// Everything that makes a plan: device, dtype, layout, input and filter dims (in cuDNN's order,
 /// N C H W and K C R S, whatever the layout), stride, padding, groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Key {
+pub(super) struct Key {
     dev: DeviceId,
-    f16: bool,
-    nhwc: bool,
-    x: [i32; 4],
-    w: [i32; 4],
-    stride: i32,
-    pad: i32,
-    groups: i32,
+    pub(super) f16: bool,
+    pub(super) nhwc: bool,
+    pub(super) x: [i32; 4],
+    pub(super) w: [i32; 4],
+    pub(super) stride: i32,
+    pub(super) pad: i32,
+    pub(super) groups: i32,
 }
 
 impl Key {
-    fn new(x: &Tensor, w: &Tensor, pad: usize, stride: usize, groups: usize, nhwc: bool) -> Option<Self> {
+    pub(super) fn new(x: &Tensor, w: &Tensor, pad: usize, stride: usize, groups: usize, nhwc: bool) -> Option<Self> {
         let dev = match x.device() {
             candle_core::Device::Cuda(d) => d.id(),
             _ => return None,
@@ -130,7 +130,7 @@ impl Key {
         ((self.x_elems() * elem) as u64, (self.y_elems() * elem) as u64)
     }
 
-    fn y_dims(&self) -> [i32; 4] {
+    pub(super) fn y_dims(&self) -> [i32; 4] {
         let o = |i: i32, k: i32| (i + 2 * self.pad - k) / self.stride + 1;
         [self.x[0], self.w[0], o(self.x[2], self.w[2]), o(self.x[3], self.w[3])]
     }
@@ -187,7 +187,7 @@ struct Plan {
     split: bool,
 }
 
-fn err(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
+pub(super) fn err(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
     let s = format!("{e:?}");
     if s.contains("ALLOC_FAILED") {
         candle_core::Error::Msg(format!("{OOM_MARKER}: cuDNN {what}: {s}"))
@@ -196,7 +196,7 @@ fn err(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
     }
 }
 
-fn handle(dev: &CudaDevice) -> candle_core::Result<sys::cudnnHandle_t> {
+pub(super) fn handle(dev: &CudaDevice) -> candle_core::Result<sys::cudnnHandle_t> {
     HANDLES.with(|h| {
         if let Some(h) = h.borrow().get(&dev.id()) {
             return Ok(h.0);
@@ -383,6 +383,28 @@ fn ensure_plan<T: DeviceRepr>(
     Ok(())
 }
 
+/// The device time (ms) of `key`'s convolution as [`conv2d`] runs it, planning it first on `x`,
+/// `w` and `y` if it has no plan; `None` where it runs as two halves (whose time the plan does
+/// not keep) or cannot be planned.
+pub(super) fn conv_time<T: DeviceRepr>(
+    handle: sys::cudnnHandle_t,
+    dev: &CudaDevice,
+    key: &Key,
+    x: &CudaView<T>,
+    w: &CudaView<T>,
+    y: &mut CudaViewMut<T>,
+) -> candle_core::Result<Option<f32>> {
+    if UNSUPPORTED.with(|u| u.borrow().contains(key)) {
+        return Ok(None);
+    }
+    match ensure_plan(handle, dev, key, x, w, y) {
+        Ok(()) => {}
+        Err(e) if crate::backend::oom::is_oom(&e) => return Err(e),
+        Err(_) => return Ok(None),
+    }
+    Ok(PLANS.with(|p| p.borrow().get(key).filter(|plan| !plan.split).map(|plan| plan.time)))
+}
+
 /// Device time of `key`'s whole batch in one call and as two calls of the half plan (ms).
 fn time_split<T: DeviceRepr>(
     handle: sys::cudnnHandle_t,
@@ -530,7 +552,7 @@ const TIMED_LAUNCHES: usize = 10;
 /// search times each algorithm with a floor of about 60 us on an H200, and launches back to back
 /// wait for the host (about 30 us per call), both above what the small convolutions of yolov9t
 /// take; a graph replays them as the model's own graphs do. `f` must not allocate.
-fn time_runs(stream: &std::sync::Arc<CudaStream>, mut f: impl FnMut() -> candle_core::Result<()>) -> candle_core::Result<f32> {
+pub(super) fn time_runs(stream: &std::sync::Arc<CudaStream>, mut f: impl FnMut() -> candle_core::Result<()>) -> candle_core::Result<f32> {
     use candle_core::cuda_backend::cudarc::driver::sys as cu;
     let ev = |e| err("timing", e);
     f()?;
