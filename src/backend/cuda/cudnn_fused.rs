@@ -36,6 +36,9 @@ use sys::cudnnBackendDescriptorType_t as D;
 /// Plans of the fused graph built and timed per shape: the heuristics' first ones.
 const MAX_PLANS: usize = 3;
 
+/// Engine configs read from cuDNN's heuristics per shape.
+const MAX_CONFIGS: usize = 32;
+
 /// Convolutions whose unfused plan takes longer than this (ms) are not tried: there the epilogue
 /// is a small share of the time, and the plan builds would only add start-up.
 pub const FUSE_BELOW_MS: f32 = 0.05;
@@ -287,7 +290,57 @@ struct Fused {
     _graph: Rc<Graph>,
 }
 
-/// The heuristics' first [`MAX_PLANS`] plans of `graph` that build.
+/// Whether the engine of `config` computes as the unfused path's admitted algorithms do: FP32
+/// accumulation, no FFT or Winograd (cuDNN's numerical notes).
+fn exact(config: &Desc) -> candle_core::Result<bool> {
+    use sys::cudnnBackendNumericalNote_t as N;
+    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+    let mut raw = engine.0;
+    let mut n = 0i64;
+    // SAFETY: `config` is an engine config the heuristics filled; `raw` is one live engine
+    // descriptor for cuDNN to fill.
+    unsafe {
+        sys::cudnnBackendGetAttribute(
+            config.0,
+            A::CUDNN_ATTR_ENGINECFG_ENGINE,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            1,
+            &mut n,
+            &mut raw as *mut _ as *mut c_void,
+        )
+    }
+    .result()
+    .map_err(|e| err("engine of a config", e))?;
+    // read as plain C ints: a note this build's bindings do not list is not a valid Rust enum
+    let mut notes = [u32::MAX; 32];
+    // SAFETY: a filled engine descriptor; room for `notes.len()` C enum values, the count
+    // written to `n`.
+    unsafe {
+        sys::cudnnBackendGetAttribute(
+            engine.0,
+            A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+            T::CUDNN_TYPE_NUMERICAL_NOTE,
+            notes.len() as i64,
+            &mut n,
+            notes.as_mut_ptr() as *mut c_void,
+        )
+    }
+    .result()
+    .map_err(|e| err("numerical notes", e))?;
+    let inexact = [
+        N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION,
+        N::CUDNN_NUMERICAL_NOTE_FFT,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13,
+    ]
+    .map(|v| v as u32);
+    Ok(notes[..n.clamp(0, notes.len() as i64) as usize].iter().all(|v| !inexact.contains(v)))
+}
+
+/// The heuristics' first [`MAX_PLANS`] plans of `graph` that compute exactly ([`exact`]) and
+/// build, from its first [`MAX_CONFIGS`] engine configs.
 fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<Vec<Fused>> {
     let graph = Rc::new(graph);
     let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?
@@ -308,7 +361,7 @@ fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<
     }
     .result()
     .map_err(|e| err("heuristics count", e))?;
-    let want = (available.max(0) as usize).min(MAX_PLANS);
+    let want = available.clamp(0, MAX_CONFIGS as i64) as usize;
     let configs = (0..want).map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)).collect::<candle_core::Result<Vec<_>>>()?;
     let mut raw: Vec<sys::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
     let mut got = 0i64;
@@ -327,7 +380,18 @@ fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<
     .result()
     .map_err(|e| err("heuristics results", e))?;
     let mut plans = Vec::new();
-    for config in configs.into_iter().take((got.max(0) as usize).min(want)) {
+    for config in configs.into_iter().take(got.clamp(0, want as i64) as usize) {
+        if plans.len() == MAX_PLANS {
+            break;
+        }
+        match exact(&config) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "fused convolution engine's numerical notes unreadable");
+                continue;
+            }
+        }
         let built = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
             .and_then(|p| p.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle))
             .and_then(|p| p.descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&config]))
