@@ -40,6 +40,10 @@ pub struct Tuning {
     /// Passes on CUDA replay captured CUDA graphs, one per input shape and batch size (small
     /// batches are launch-bound otherwise).
     pub cuda_graphs: bool,
+    /// f16 convolutions run with their bias and SiLU as one cuDNN kernel where that times faster
+    /// (`backend::cuda::cudnn_fused`): lower latency at small batches, but each new input shape
+    /// and batch size first compiles its fused kernels (seconds of start-up per batch size).
+    pub cudnn_fusion: bool,
     /// Threads that pack a batch's pictures into the pinned upload buffer; 0 = the available
     /// cores, at most 8.
     pub upload_threads: usize,
@@ -54,6 +58,7 @@ impl Default for Tuning {
             cudnn_workspace_scale: 6.0,
             cudnn_algo_slack: 0.05,
             cuda_graphs: true,
+            cudnn_fusion: false,
             upload_threads: 0,
             allocator: Allocator::Arena,
         }
@@ -134,10 +139,12 @@ mod tests {
 
     #[test]
     fn values_and_ranges() {
-        let t: Tuning =
-            toml::from_str("cudnn_workspace_min = \"64MiB\"\ncuda_graphs = false\nallocator = \"pool\"\nupload_threads = 3").unwrap();
+        let t: Tuning = toml::from_str(
+            "cudnn_workspace_min = \"64MiB\"\ncuda_graphs = false\ncudnn_fusion = true\nallocator = \"pool\"\nupload_threads = 3",
+        )
+        .unwrap();
         assert_eq!(t.cudnn_workspace_min.0, 64 << 20);
-        assert!(!t.cuda_graphs && !t.arena());
+        assert!(!t.cuda_graphs && t.cudnn_fusion && !t.arena());
         assert_eq!(t.upload_threads(), 3);
         let bad: Tuning = toml::from_str("cudnn_algo_slack = 2.0").unwrap();
         assert_eq!(bad.validate().unwrap_err().key, "cudnn_algo_slack");

@@ -54,6 +54,10 @@ pub struct TuningArgs {
     /// Passes on CUDA replay captured CUDA graphs, one per input shape and batch size.
     #[arg(long, value_enum)]
     cuda_graphs: Option<Switch>,
+    /// f16 convolutions with their bias and SiLU as one cuDNN kernel where that times faster
+    /// (lower small-batch latency; seconds of start-up per input shape and batch size).
+    #[arg(long, value_enum)]
+    cudnn_fusion: Option<Switch>,
     /// How activations are placed on a CUDA device.
     #[arg(long, value_enum)]
     allocator: Option<AllocatorArg>,
@@ -83,6 +87,7 @@ impl TuningArgs {
         let d = Tuning::default();
         let t = Tuning {
             cuda_graphs: self.cuda_graphs.map_or(d.cuda_graphs, |s| s == Switch::On),
+            cudnn_fusion: self.cudnn_fusion.map_or(d.cudnn_fusion, |s| s == Switch::On),
             allocator: match self.allocator {
                 None => d.allocator,
                 Some(AllocatorArg::Arena) => Allocator::Arena,

@@ -6,6 +6,9 @@
 //! small to fill the GPU, so one kernel fewer per convolution is time saved
 //! (BENCHMARKS.md, "Convolution with its epilogue in one cuDNN kernel").
 //!
+//! Off unless `[tuning] cudnn_fusion` is on (`--cudnn-fusion on`): each plan build compiles a
+//! kernel (about 0.2 s on an H100), which adds seconds of start-up per input shape and batch size.
+//!
 //! Each shape is decided once, on its first call, on the call's own tensors: where the unfused
 //! convolution's plan takes at most [`FUSE_BELOW_MS`] (the launch-bound regime), the fused
 //! graph's first [`MAX_PLANS`] plans by cuDNN's heuristics are built (runtime fusion compiles
@@ -58,7 +61,7 @@ const ALIGN: u64 = 16;
 /// as one cuDNN kernel, or `None` where this shape is not fused (then the caller runs the
 /// convolution and its epilogue; the decision is kept).
 pub fn conv_bias_act(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize, stride: usize, act: bool) -> Option<candle_core::Result<Tensor>> {
-    if x.dtype() != DType::F16 || w.dtype() != DType::F16 || b.dtype() != DType::F16 {
+    if !crate::backend::tuning::get().cudnn_fusion || x.dtype() != DType::F16 || w.dtype() != DType::F16 || b.dtype() != DType::F16 {
         return None;
     }
     let key = FusedKey { conv: Key::new(x, w, padding, stride, 1, true)?, act };
