@@ -23,7 +23,8 @@
 #      soaks are cut to end by then) AB_SOAKS ("t:4GiB c:4GiB", the short soaks of upab/algoab)
 #      ARENA_CASES ("e:16GiB m:8GiB"; empty: no sweeps) ARENA_AB_VARIANTS (t,e) ARENA_AB_BATCHES (8,64,256)
 #      INTERLEAVE_ROUNDS (4) INTERLEAVE_VARIANTS (t,e) INTERLEAVE_BATCHES (2,8,64) INTERLEAVE_ITERS (20)
-#      BEFORE_XZ ROUNDS (3) BA_VARIANTS (t,c) BA_BATCHES (1,128) BA_ITERS (20): step beforeafter
+#      BEFORE_XZ ROUNDS (3) BA_VARIANTS (t,c) BA_BATCHES (1,128) BA_ITERS (20) BA_FLAGS (more bench flags, both binaries): step beforeafter
+#      PARITY_BATCHES ("2 1") PARITY_CONF (0.01) PARITY_FLAGS (more detect flags, e.g. --cudnn-fusion on): step parity
 #      CAM_CLIP (h264-1920x1080-30s.mp4, under $DEV) CAM_STREAMS (1,4,8,16) CAM_MODES (fast,realtime)
 #      CAM_SECONDS (15) CAM_EXTRA (more bench_streams.py flags): step cameras (a binary built with --gstreamer)
 #      PLANSOAK_CASES ("t:4GiB t:16GiB c:4GiB c:16GiB") PLANSOAK_SECONDS (6): step plansoak
@@ -107,7 +108,7 @@ if has parity; then
   say "## parity (yolov9t-ball.pt, horses + volleyball-court, batch $pb)"
   for i in horses volleyball-court; do "$BIN" letterbox ""$DEV"/$i.jpg" --imgsz 640 --out "$W/lb-$i.npy" 2>>"$W/parity.log"; done
   for dt in f32 f16; do
-    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --fit square --batch $pb --conf "${PARITY_CONF:-0.01}" --raw-out "$W/raw-$dt-b$pb.npy" --json "$W/dets-$dt-b$pb.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
+    timeout 120 "$BIN" detect --model "$DEV"/yolov9t-ball.pt --device cuda:0 --dtype $dt --fit square --batch $pb --conf "${PARITY_CONF:-0.01}" ${PARITY_FLAGS:-} --raw-out "$W/raw-$dt-b$pb.npy" --json "$W/dets-$dt-b$pb.jsonl" "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg >>"$W/parity.log" 2>&1
   done
   timeout 300 python3 "$HERE/gpu_parity.py" --lb "$W/lb-horses.npy" "$W/lb-volleyball-court.npy" --images "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg \
     --ours-f32 "$W/raw-f32-b$pb.npy" --ours-f16 "$W/raw-f16-b$pb.npy" --dets-f16 "$W/dets-f16-b$pb.jsonl" --model "$DEV"/yolov9t-ball.pt --conf "${PARITY_CONF:-0.01}" --out "$W/parity-b$pb.json" 2>>"$W/parity.log" | tee -a "$SUM"
@@ -548,7 +549,7 @@ if has beforeafter; then
   for i in $(seq 1 "${ROUNDS:-3}"); do
     for side in before after; do
       b="$BIN"; [ "$side" = before ] && b="$BEFORE"
-      timeout "${BA_TIMEOUT:-150}" "$b" bench --device cuda:0 --variants "${BA_VARIANTS:-t,c}" --dtype f16 --batches "${BA_BATCHES:-1,128}" --mode model --warmup 3 --iters "${BA_ITERS:-20}" --out "$W/ba-$side-$i" > "$W/ba-$side-$i.md" 2> "$W/ba-$side-$i.log"
+      timeout "${BA_TIMEOUT:-150}" "$b" bench --device cuda:0 --variants "${BA_VARIANTS:-t,c}" --dtype f16 --batches "${BA_BATCHES:-1,128}" --mode model --warmup 3 --iters "${BA_ITERS:-20}" ${BA_FLAGS:-} --out "$W/ba-$side-$i" > "$W/ba-$side-$i.md" 2> "$W/ba-$side-$i.log"
       echo "rc=$?" >> "$W/ba-$side-$i.log"
     done
   done
