@@ -82,13 +82,13 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize, groups: usi
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct Key {
     dev: DeviceId,
-    pub(super) f16: bool,
-    pub(super) nhwc: bool,
+    f16: bool,
+    nhwc: bool,
     pub(super) x: [i32; 4],
     pub(super) w: [i32; 4],
     pub(super) stride: i32,
     pub(super) pad: i32,
-    pub(super) groups: i32,
+    groups: i32,
 }
 
 impl Key {

@@ -182,14 +182,29 @@ impl Desc {
         Ok(self)
     }
 
-    /// One INT64 attribute of a finalized descriptor.
-    fn get_i64(&self, name: A) -> candle_core::Result<i64> {
-        let (mut v, mut n) = (0i64, 0i64);
-        // SAFETY: a live descriptor; room for one int64_t at `v`, the count written to `n`.
-        unsafe { sys::cudnnBackendGetAttribute(self.0, name, T::CUDNN_TYPE_INT64, 1, &mut n, &mut v as *mut i64 as *mut c_void) }
+    /// Reads attribute `name` into `out` (elements of cuDNN type `ty`); the count cuDNN has.
+    ///
+    /// # Safety
+    /// `V` must be the C type cuDNN writes for `ty`; for descriptor types, each element of `out`
+    /// a live descriptor of the kind cuDNN fills.
+    unsafe fn get<V>(&self, name: A, ty: T, out: &mut [V]) -> candle_core::Result<usize> {
+        let mut n = 0i64;
+        // an empty `out` asks for the count only
+        let ptr = if out.is_empty() { std::ptr::null_mut() } else { out.as_mut_ptr() as *mut c_void };
+        // SAFETY: `self.0` is a live descriptor; `ptr` has room for `out.len()` elements of the
+        // C type of `ty` (the caller's contract), or is null for none; the count goes to a local.
+        unsafe { sys::cudnnBackendGetAttribute(self.0, name, ty, out.len() as i64, &mut n, ptr) }
             .result()
             .map_err(|e| err(&format!("get {name:?}"), e))?;
-        Ok(v)
+        Ok(n.max(0) as usize)
+    }
+
+    /// One INT64 attribute of a finalized descriptor.
+    fn get_i64(&self, name: A) -> candle_core::Result<i64> {
+        let mut v = [0i64];
+        // SAFETY: CUDNN_TYPE_INT64 is int64_t.
+        unsafe { self.get(name, T::CUDNN_TYPE_INT64, &mut v) }?;
+        Ok(v[0])
     }
 }
 
@@ -298,38 +313,13 @@ struct Fused {
 fn exact(config: &Desc) -> candle_core::Result<bool> {
     use sys::cudnnBackendNumericalNote_t as N;
     let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
-    let mut raw = engine.0;
-    let mut n = 0i64;
-    // SAFETY: `config` is an engine config the heuristics filled; `raw` is one live engine
-    // descriptor for cuDNN to fill.
-    unsafe {
-        sys::cudnnBackendGetAttribute(
-            config.0,
-            A::CUDNN_ATTR_ENGINECFG_ENGINE,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            1,
-            &mut n,
-            &mut raw as *mut _ as *mut c_void,
-        )
-    }
-    .result()
-    .map_err(|e| err("engine of a config", e))?;
+    // SAFETY: `config` is an engine config the heuristics filled; the one element is a live
+    // engine descriptor for cuDNN to fill.
+    unsafe { config.get(A::CUDNN_ATTR_ENGINECFG_ENGINE, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut [engine.0]) }?;
     // read as plain C ints: a note this build's bindings do not list is not a valid Rust enum
     let mut notes = [u32::MAX; 32];
-    // SAFETY: a filled engine descriptor; room for `notes.len()` C enum values, the count
-    // written to `n`.
-    unsafe {
-        sys::cudnnBackendGetAttribute(
-            engine.0,
-            A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-            T::CUDNN_TYPE_NUMERICAL_NOTE,
-            notes.len() as i64,
-            &mut n,
-            notes.as_mut_ptr() as *mut c_void,
-        )
-    }
-    .result()
-    .map_err(|e| err("numerical notes", e))?;
+    // SAFETY: CUDNN_TYPE_NUMERICAL_NOTE is a C enum (an int).
+    let n = unsafe { engine.get(A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, T::CUDNN_TYPE_NUMERICAL_NOTE, &mut notes) }?;
     let inexact = [
         N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION,
         N::CUDNN_NUMERICAL_NOTE_FFT,
@@ -339,7 +329,7 @@ fn exact(config: &Desc) -> candle_core::Result<bool> {
         N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13,
     ]
     .map(|v| v as u32);
-    Ok(notes[..n.clamp(0, notes.len() as i64) as usize].iter().all(|v| !inexact.contains(v)))
+    Ok(notes[..n.min(notes.len())].iter().all(|v| !inexact.contains(v)))
 }
 
 /// The heuristics' first [`MAX_PLANS`] plans of `graph` that compute exactly ([`exact`]) and
@@ -350,40 +340,17 @@ fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<
         .descs(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph.graph])?
         .heur_mode(A::CUDNN_ATTR_ENGINEHEUR_MODE, sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A)?
         .finalize()?;
-    let mut available = 0i64;
-    // SAFETY: a finalized heuristics descriptor; a request of 0 elements only writes the count.
-    unsafe {
-        sys::cudnnBackendGetAttribute(
-            heur.0,
-            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            0,
-            &mut available,
-            std::ptr::null_mut(),
-        )
-    }
-    .result()
-    .map_err(|e| err("heuristics count", e))?;
-    let want = available.clamp(0, MAX_CONFIGS as i64) as usize;
-    let configs = (0..want).map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)).collect::<candle_core::Result<Vec<_>>>()?;
+    // SAFETY: an empty `out` asks for the count only.
+    let available =
+        unsafe { heur.get::<sys::cudnnBackendDescriptor_t>(A::CUDNN_ATTR_ENGINEHEUR_RESULTS, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut []) }?;
+    let configs = (0..available.min(MAX_CONFIGS))
+        .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<candle_core::Result<Vec<_>>>()?;
     let mut raw: Vec<sys::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
-    let mut got = 0i64;
-    // SAFETY: `raw` holds `want` live engine-config descriptors for cuDNN to fill; `got` is a
-    // local out-pointer.
-    unsafe {
-        sys::cudnnBackendGetAttribute(
-            heur.0,
-            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            want as i64,
-            &mut got,
-            raw.as_mut_ptr() as *mut c_void,
-        )
-    }
-    .result()
-    .map_err(|e| err("heuristics results", e))?;
+    // SAFETY: `raw` holds live engine-config descriptors for cuDNN to fill.
+    let got = unsafe { heur.get(A::CUDNN_ATTR_ENGINEHEUR_RESULTS, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw) }?;
     let mut plans = Vec::new();
-    for config in configs.into_iter().take(got.clamp(0, want as i64) as usize) {
+    for config in configs.into_iter().take(got) {
         if plans.len() == MAX_PLANS {
             break;
         }
