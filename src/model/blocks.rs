@@ -303,11 +303,16 @@ impl Conv {
             return Ok(y);
         }
         #[cfg(feature = "cudnn")]
-        if self.calib.is_none() && x0.device().is_cuda() && xs.len() == 1 && residual.is_none() && self.lay == Lay::Nhwc && self.groups == 1
-        {
+        if self.calib.is_none() && x0.device().is_cuda() && xs.len() == 1 && self.lay == Lay::Nhwc && self.groups == 1 {
             let fused = crate::backend::profile::scope_some(
-                || format!("{} +bias{} (cuDNN fused)", self.op_name(x0), if self.act { "+silu" } else { "" }),
-                || crate::backend::cudnn_conv_bias_act(x0, &self.weight, &self.bias, self.padding, self.stride, self.act).transpose(),
+                || {
+                    let act = if self.act { "+silu" } else { "" };
+                    format!("{} +bias{act}{} (cuDNN fused)", self.op_name(x0), if residual.is_some() { "+residual" } else { "" })
+                },
+                || {
+                    crate::backend::cudnn_conv_bias_act(x0, &self.weight, &self.bias, residual, self.padding, self.stride, self.act)
+                        .transpose()
+                },
             )?;
             if let Some(y) = fused {
                 count_macs(&self.weight, &y);

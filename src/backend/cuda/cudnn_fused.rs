@@ -23,10 +23,8 @@ use std::ffi::c_void;
 use std::rc::Rc;
 use std::time::Instant;
 
-use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use candle_core::cuda_backend::CudaStorageSlice;
-use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Tensor};
 use cudarc::cudnn::sys;
 use half::f16;
 
@@ -52,31 +50,37 @@ const UID_W: i64 = 2;
 const UID_B: i64 = 3;
 const UID_Y: i64 = 4;
 const UID_CONV: i64 = 5;
-const UID_BIASED: i64 = 6;
+const UID_R: i64 = 6;
+/// The virtual outputs of the pointwise stages: `UID_STAGES + i`.
+const UID_STAGES: i64 = 10;
 
 /// Byte alignment the graph's tensors are declared with (checked on every call's pointers).
 const ALIGN: u64 = 16;
 
-/// `act(conv(x, w) + b)` for channels-last f16 `x` `(N, H, W, C)`, `w` `(K, R, S, C)`, `b` `(K)`
-/// as one cuDNN kernel, or `None` where this shape is not fused (then the caller runs the
-/// convolution and its epilogue; the decision is kept).
-pub fn conv_bias_act(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize, stride: usize, act: bool) -> Option<candle_core::Result<Tensor>> {
-    if !crate::backend::tuning::get().cudnn_fusion || x.dtype() != DType::F16 || w.dtype() != DType::F16 || b.dtype() != DType::F16 {
+/// `act(conv(x, w) + b) (+ residual)` for channels-last f16 `x` `(N, H, W, C)`, `w`
+/// `(K, R, S, C)`, `b` `(K)` and `residual` `(N, OH, OW, K)` as one cuDNN kernel, or `None`
+/// where fusion is off or this shape is not fused (then the caller runs the convolution and its
+/// epilogue; the decision is kept).
+pub fn conv_bias_act(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    residual: Option<&Tensor>,
+    padding: usize,
+    stride: usize,
+    act: bool,
+) -> Option<candle_core::Result<Tensor>> {
+    let f16 = |t: &Tensor| t.dtype() == DType::F16;
+    if !crate::backend::tuning::get().cudnn_fusion || !f16(x) || !f16(w) || !f16(b) || !residual.is_none_or(f16) {
         return None;
     }
-    let key = FusedKey { conv: Key::new(x, w, padding, stride, 1, true)?, act };
-    if matches!(DECIDED.with(|d| d.borrow().get(&key).map(|s| s.is_some())), Some(false)) {
+    let key = FusedKey { conv: Key::new(x, w, padding, stride, 1, true)?, act, residual: residual.is_some() };
+    let declined = || matches!(DECIDED.with(|d| d.borrow().get(&key).map(|s| s.is_some())), Some(false));
+    if declined() {
         return None;
     }
-    let r = x.contiguous().and_then(|x| {
-        let w = w.contiguous()?;
-        let b = b.contiguous()?;
-        x.apply_op3_no_bwd(&w, &b, &FusedConv { key })
-    });
-    match r {
-        Err(e)
-            if !crate::backend::oom::is_oom(&e) && matches!(DECIDED.with(|d| d.borrow().get(&key).map(|s| s.is_some())), Some(false)) =>
-        {
+    match fused(&key, x, w, b, residual) {
+        Err(e) if !crate::backend::oom::is_oom(&e) && declined() => {
             tracing::debug!(reason = %e, shape = ?key, "convolution not fused");
             None
         }
@@ -90,6 +94,8 @@ struct FusedKey {
     conv: Key,
     /// SiLU after the bias.
     act: bool,
+    /// A residual added last.
+    residual: bool,
 }
 
 thread_local! {
@@ -276,22 +282,35 @@ fn operation_graph(handle: sys::cudnnHandle_t, key: &FusedKey) -> candle_core::R
         .finalize()
         .map(|op| (op, None))?;
     use sys::cudnnPointwiseMode_t::{CUDNN_POINTWISE_ADD, CUDNN_POINTWISE_SWISH_FWD};
+    let r = if key.residual { Some(tensor(UID_R, y_dims, F16, false)?) } else { None };
+    // + bias, SiLU, + residual: each stage's output FP32 and virtual but the last's, `y`
+    let mut stages = vec![(CUDNN_POINTWISE_ADD, Some(&b))];
+    if key.act {
+        stages.push((CUDNN_POINTWISE_SWISH_FWD, None));
+    }
+    if let Some(r) = &r {
+        stages.push((CUDNN_POINTWISE_ADD, Some(r)));
+    }
     let mut ops = vec![conv_op];
     let mut parts = vec![x, w, conv];
-    if key.act {
-        let biased = tensor(UID_BIASED, y_dims, F32, true)?;
-        ops.push(pointwise(CUDNN_POINTWISE_ADD, &conv_out, Some(&b), &biased)?);
-        ops.push(pointwise(CUDNN_POINTWISE_SWISH_FWD, &biased, None, &y)?);
-        parts.push(biased);
-    } else {
-        ops.push(pointwise(CUDNN_POINTWISE_ADD, &conv_out, Some(&b), &y)?);
+    let (mut input, mut y) = (conv_out, Some(y));
+    for (i, &(mode, other)) in stages.iter().enumerate() {
+        let out = if i + 1 == stages.len() {
+            y.take().ok_or_else(|| candle_core::Error::Msg("fused convolution: output taken twice".into()))?
+        } else {
+            tensor(UID_STAGES + i as i64, y_dims, F32, true)?
+        };
+        ops.push(pointwise(mode, &input, other, &out)?);
+        parts.push(std::mem::replace(&mut input, out));
     }
+    parts.push(input);
     let refs: Vec<&Desc> = ops.iter().map(|(op, _)| op).collect();
     let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?
         .handle(A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?
         .descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &refs)?
         .finalize()?;
-    parts.extend([b, y, conv_out]);
+    parts.push(b);
+    parts.extend(r);
     for (op, pw) in ops {
         parts.push(op);
         parts.extend(pw);
@@ -378,19 +397,21 @@ fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<
     Ok(plans)
 }
 
-/// Runs `plan` on the buffers at `x`, `w`, `b`, `y` with `ws` as scratch.
+/// Runs `plan` on the buffers at `ptrs` (by tensor id) with `ws` as scratch.
 ///
 /// # Safety
-/// The pointers are device buffers of the plan's key (input, filter, bias, output), aligned to
-/// [`ALIGN`] bytes; `ws` holds at least the plan's workspace (or is null for none); all stay
-/// valid until the work enqueued here has run on the handle's stream.
-unsafe fn execute(handle: sys::cudnnHandle_t, plan: &Desc, [x, w, b, y]: [u64; 4], ws: *mut c_void) -> candle_core::Result<()> {
-    let ptrs: [*mut c_void; 4] = [x, w, b, y].map(|p| p as *mut c_void);
+/// The pointers are device buffers of the plan's key (input, filter, bias, output, and the
+/// residual where the key has one), aligned to [`ALIGN`] bytes; `ws` holds at least the plan's
+/// workspace (or is null for none); all stay valid until the work enqueued here has run on the
+/// handle's stream.
+unsafe fn execute(handle: sys::cudnnHandle_t, plan: &Desc, ptrs: &[(i64, u64)], ws: *mut c_void) -> candle_core::Result<()> {
+    let ids: Vec<i64> = ptrs.iter().map(|p| p.0).collect();
+    let data: Vec<*mut c_void> = ptrs.iter().map(|p| p.1 as *mut c_void).collect();
     // SAFETY: CUDNN_TYPE_VOID_PTR is void*; the pointers are the caller's.
     let pack = unsafe {
         Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?
-            .i64s(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &[UID_X, UID_W, UID_B, UID_Y])?
-            .set(A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, T::CUDNN_TYPE_VOID_PTR, &ptrs)?
+            .i64s(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &ids)?
+            .set(A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, T::CUDNN_TYPE_VOID_PTR, &data)?
             .set(A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, T::CUDNN_TYPE_VOID_PTR, &[ws])?
             .finalize()?
     };
@@ -398,98 +419,94 @@ unsafe fn execute(handle: sys::cudnnHandle_t, plan: &Desc, [x, w, b, y]: [u64; 4
     unsafe { sys::cudnnBackendExecute(handle, plan.0, pack.0) }.result().map_err(|e| err("fused convolution", e))
 }
 
-struct FusedConv {
-    key: FusedKey,
-}
-
-impl CustomOp3 for FusedConv {
-    fn name(&self) -> &'static str {
-        "cudnn-conv-bias-act"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("cudnn-conv-bias-act: CUDA only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        x: &CudaStorage,
-        xl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
-        b: &CudaStorage,
-        bl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        if !xl.is_contiguous() || !wl.is_contiguous() || !bl.is_contiguous() {
-            candle_core::bail!("cudnn-conv-bias-act: inputs must be contiguous");
-        }
-        let (CudaStorageSlice::F16(xs), CudaStorageSlice::F16(ws), CudaStorageSlice::F16(bs)) = (&x.slice, &w.slice, &b.slice) else {
-            candle_core::bail!("cudnn-conv-bias-act: f16 only");
-        };
-        let dev = x.device().clone();
-        let [n, k, h, wd] = self.key.conv.y_dims().map(|v| v.max(0) as usize);
-        if n * k * h * wd == 0 {
-            candle_core::bail!("cudnn-conv-bias-act: empty output for {:?}", self.key);
-        }
-        // SAFETY: fully written by the fused kernel (or by the timing runs, then by it).
-        let mut y = unsafe { dev.alloc::<f16>(n * k * h * wd)? };
-        run(&dev, &self.key, (xs, xl), (ws, wl), (bs, bl), &mut y)?;
-        Ok((CudaStorage { slice: CudaStorageSlice::F16(y), device: dev }, Shape::from((n, h, wd, k))))
+/// The f16 values of a contiguous CUDA tensor, from its first element.
+fn f16_view<'a>(
+    storage: &'a candle_core::Storage,
+    layout: &Layout,
+) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>> {
+    match storage {
+        candle_core::Storage::Cuda(s) if layout.is_contiguous() => Ok(s.as_cuda_slice::<f16>()?.slice(layout.start_offset()..)),
+        _ => candle_core::bail!("cudnn-conv-bias-act: a contiguous f16 CUDA tensor"),
     }
 }
 
-type Arg<'a> = (&'a CudaSlice<f16>, &'a Layout);
-
-fn run(dev: &CudaDevice, key: &FusedKey, (x, xl): Arg, (w, wl): Arg, (b, bl): Arg, y: &mut CudaSlice<f16>) -> candle_core::Result<()> {
+/// Decides `key` on first use, then runs its fused plan into a new tensor (an error where the
+/// shape is not fused).
+fn fused(key: &FusedKey, x: &Tensor, w: &Tensor, b: &Tensor, residual: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    let candle_core::Device::Cuda(dev) = x.device() else { candle_core::bail!("cudnn-conv-bias-act: CUDA only") };
+    let [n, k, h, wd] = key.conv.y_dims().map(|v| v.max(0) as usize);
+    if n * k * h * wd == 0 {
+        candle_core::bail!("cudnn-conv-bias-act: empty output for {key:?}");
+    }
+    let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
+    let residual = match residual {
+        Some(r) if r.dims() != [n, h, wd, k] => {
+            candle_core::bail!("cudnn-conv-bias-act: residual {:?} for an output of {:?}", r.dims(), [n, h, wd, k])
+        }
+        Some(r) => Some(r.contiguous()?),
+        None => None,
+    };
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (bs, bl) = b.storage_and_layout();
+    let rs = residual.as_ref().map(|r| r.storage_and_layout());
+    let (xv, wv, bv) = (f16_view(&xs, xl)?, f16_view(&ws, wl)?, f16_view(&bs, bl)?);
+    let rv = match &rs {
+        Some((s, l)) => Some(f16_view(s, l)?),
+        None => None,
+    };
+    // SAFETY: fully written by the fused kernel (or by the timing runs, then by it).
+    let mut y = unsafe { dev.alloc::<f16>(n * k * h * wd)? };
     let handle = handle(dev)?;
     let stream = dev.cuda_stream();
-    let xv = x.slice(xl.start_offset()..);
-    let wv = w.slice(wl.start_offset()..);
-    let bv = b.slice(bl.start_offset()..);
-    let mut yv = y.slice_mut(..);
-    if !DECIDED.with(|d| d.borrow().contains_key(key)) {
-        let decided = decide(handle, dev, key, (&xv, &wv, &bv), &mut yv)?;
-        DECIDED.with(|d| d.borrow_mut().insert(*key, decided));
+    {
+        let mut yv = y.slice_mut(..);
+        if !DECIDED.with(|d| d.borrow().contains_key(key)) {
+            let decided = decide(handle, dev, key, (&xv, &wv, &bv, rv.as_ref()), &mut yv)?;
+            DECIDED.with(|d| d.borrow_mut().insert(*key, decided));
+        }
+        let (xp, _gx) = xv.device_ptr(&stream);
+        let (wp, _gw) = wv.device_ptr(&stream);
+        let (bp, _gb) = bv.device_ptr(&stream);
+        let (yp, _gy) = yv.device_ptr_mut(&stream);
+        let r = rv.as_ref().map(|r| r.device_ptr(&stream));
+        let mut ptrs = vec![(UID_X, xp), (UID_W, wp), (UID_B, bp), (UID_Y, yp)];
+        ptrs.extend(r.as_ref().map(|(rp, _)| (UID_R, *rp)));
+        if ptrs.iter().any(|(_, p)| p % ALIGN != 0) {
+            candle_core::bail!("cudnn-conv-bias-act: a buffer not aligned to {ALIGN} bytes");
+        }
+        DECIDED.with(|d| {
+            let d = d.borrow();
+            let Some(Some(fused)) = d.get(key) else { candle_core::bail!("cudnn-conv-bias-act: {key:?} is not fused") };
+            // SAFETY: uninitialised scratch space for cuDNN.
+            let mut scratch = if fused.workspace > 0 { Some(unsafe { dev.alloc::<u8>(fused.workspace)? }) } else { None };
+            let (sp, _gs) = scratch_ptr(&mut scratch, &stream);
+            // SAFETY: the plan was built for `key`, which holds these buffers' shapes and dtype
+            // (the residual's checked above); the pointers are aligned (checked above) and kept
+            // alive and ordered on the stream by the guards; the scratch holds the plan's
+            // workspace.
+            unsafe { execute(handle, &fused.plan, &ptrs, sp) }
+        })?;
     }
-    let (xp, _gx) = xv.device_ptr(&stream);
-    let (wp, _gw) = wv.device_ptr(&stream);
-    let (bp, _gb) = bv.device_ptr(&stream);
-    let (yp, _gy) = yv.device_ptr_mut(&stream);
-    if [xp, wp, bp, yp].iter().any(|p| p % ALIGN != 0) {
-        candle_core::bail!("cudnn-conv-bias-act: a buffer not aligned to {ALIGN} bytes");
-    }
-    DECIDED.with(|d| {
-        let d = d.borrow();
-        let Some(Some(fused)) = d.get(key) else { candle_core::bail!("cudnn-conv-bias-act: {key:?} is not fused") };
-        // SAFETY: uninitialised scratch space for cuDNN.
-        let mut scratch = if fused.workspace > 0 { Some(unsafe { dev.alloc::<u8>(fused.workspace)? }) } else { None };
-        let (sp, _gs) = match scratch.as_mut() {
-            Some(s) => {
-                let (p, g) = s.device_ptr_mut(&stream);
-                (p as *mut c_void, Some(g))
-            }
-            None => (std::ptr::null_mut(), None),
-        };
-        // SAFETY: the plan was built for `key`, which holds these buffers' shapes and dtype; the
-        // pointers are aligned (checked above) and kept alive and ordered on the stream by the
-        // guards; the scratch holds the plan's workspace.
-        unsafe { execute(handle, &fused.plan, [xp, wp, bp, yp], sp) }
-    })
+    let storage = CudaStorage::wrap_cuda_slice(y, dev.clone());
+    Ok(Tensor::from_storage(candle_core::Storage::Cuda(storage), (n, h, wd, k), candle_core::op::BackpropOp::none(), false))
 }
 
-type Views<'a> = (
-    &'a candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>,
-    &'a candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>,
-    &'a candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>,
-);
+/// The raw pointer of an optional scratch buffer (null without one), with its stream guard.
+fn scratch_ptr<'a>(
+    ws: &'a mut Option<CudaSlice<u8>>,
+    stream: &'a candle_core::cuda_backend::cudarc::driver::CudaStream,
+) -> (*mut c_void, Option<candle_core::cuda_backend::cudarc::driver::SyncOnDrop<'a>>) {
+    match ws.as_mut() {
+        Some(b) => {
+            let (p, g) = b.device_ptr_mut(stream);
+            (p as *mut c_void, Some(g))
+        }
+        None => (std::ptr::null_mut(), None),
+    }
+}
+
+type View<'a> = candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>;
 
 /// Times the unfused convolution and the fused graph's plans on the call's own buffers and
 /// returns the fastest fused plan where it is no slower than the convolution alone.
@@ -497,7 +514,7 @@ fn decide(
     handle: sys::cudnnHandle_t,
     dev: &CudaDevice,
     key: &FusedKey,
-    (x, w, b): Views,
+    (x, w, b, r): (&View, &View, &View, Option<&View>),
     y: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<f16>,
 ) -> candle_core::Result<Option<Fused>> {
     let Some(unfused) = conv_time(handle, dev, &key.conv, x, w, y)? else {
@@ -523,28 +540,33 @@ fn decide(
     let (wp, _gw) = w.device_ptr(&stream);
     let (bp, _gb) = b.device_ptr(&stream);
     let (yp, _gy) = y.device_ptr_mut(&stream);
-    if [xp, wp, bp, yp].iter().any(|p| p % ALIGN != 0) {
+    let r = r.map(|r| r.device_ptr(&stream));
+    let mut ptrs = vec![(UID_X, xp), (UID_W, wp), (UID_B, bp), (UID_Y, yp)];
+    ptrs.extend(r.as_ref().map(|(rp, _)| (UID_R, *rp)));
+    if ptrs.iter().any(|(_, p)| p % ALIGN != 0) {
         return Ok(None);
     }
-    let (sp, _gs) = match scratch.as_mut() {
-        Some(s) => {
-            let (p, g) = s.device_ptr_mut(&stream);
-            (p as *mut c_void, Some(g))
-        }
-        None => (std::ptr::null_mut(), None),
-    };
+    let (sp, _gs) = scratch_ptr(&mut scratch, &stream);
     let mut best: Option<(usize, f32)> = None;
     for (i, p) in plans.iter().enumerate() {
-        // SAFETY: as in `run`: the plan is `key`'s, the buffers the call's own (aligned,
+        // SAFETY: as in `fused`: the plan is `key`'s, the buffers the call's own (aligned,
         // checked above), kept alive and ordered by the guards until `time_runs` has waited for
         // the runs; the scratch holds the largest plan's workspace.
-        match time_runs(&stream, || unsafe { execute(handle, &p.plan, [xp, wp, bp, yp], sp) }) {
+        match time_runs(&stream, || unsafe { execute(handle, &p.plan, &ptrs, sp) }) {
             Ok(t) if best.is_none_or(|(_, b)| t < b) => best = Some((i, t)),
             Ok(_) => {}
             Err(e) if crate::backend::oom::is_oom(&e) => return Err(e),
             Err(e) => tracing::debug!(shape = ?key, plan = i, error = %e, "fused convolution plan failed its timed runs"),
         }
     }
-    tracing::debug!(shape = ?key, unfused, fused = ?best.map(|b| b.1), plans = plans.len(), build_ms = built.as_secs_f64() * 1e3, "fused convolution timed");
+    tracing::debug!(
+        shape = ?key,
+        unfused,
+        fused = ?best.map(|b| b.1),
+        chosen = ?best.map(|b| b.0),
+        plans = plans.len(),
+        build_ms = built.as_secs_f64() * 1e3,
+        "fused convolution timed"
+    );
     Ok(best.filter(|&(_, t)| t <= unfused).and_then(|(i, _)| plans.into_iter().nth(i)))
 }
