@@ -49,7 +49,7 @@ pub use cuda::cudnn::conv2d as cudnn_conv2d;
 /// Channels-last f16 convolution + bias (+ SiLU) as one cuDNN kernel where that pays (`None`:
 /// not fused; the caller runs the convolution and its epilogue).
 #[cfg(feature = "cudnn")]
-pub use cuda::cudnn_fused::conv_bias_act as cudnn_conv_bias_act;
+pub use cuda::cudnn_fused::{conv_bias_act as cudnn_conv_bias_act, ConvParams as CudnnConvParams, Out as CudnnOut};
 #[cfg(feature = "cuda")]
 pub use cuda::{
     candidates::candidates as device_candidates,

@@ -303,19 +303,8 @@ impl Conv {
             return Ok(y);
         }
         #[cfg(feature = "cudnn")]
-        if self.calib.is_none() && x0.device().is_cuda() && xs.len() == 1 && self.lay == Lay::Nhwc && self.groups == 1 {
-            let fused = crate::backend::profile::scope_some(
-                || {
-                    let act = if self.act { "+silu" } else { "" };
-                    format!("{} +bias{act}{} (cuDNN fused)", self.op_name(x0), if residual.is_some() { "+residual" } else { "" })
-                },
-                || {
-                    crate::backend::cudnn_conv_bias_act(x0, &self.weight, &self.bias, residual, self.padding, self.stride, self.act)
-                        .transpose()
-                },
-            )?;
-            if let Some(y) = fused {
-                count_macs(&self.weight, &y);
+        if xs.len() == 1 {
+            if let Some(y) = self.fused(x0, residual, crate::backend::CudnnOut::New)? {
                 return Ok(y);
             }
         }
@@ -340,6 +329,35 @@ impl Conv {
             Some(r) => r + y,
             None => Ok(y),
         }
+    }
+
+    /// `act(conv(x) + bias) (+ residual)` as one cuDNN kernel, written where `out` says, where
+    /// that is on and pays ([`crate::backend::cudnn_conv_bias_act`]); `None`: run unfused.
+    #[cfg(feature = "cudnn")]
+    fn fused(&self, x: &Tensor, residual: Option<&Tensor>, out: crate::backend::CudnnOut) -> candle_core::Result<Option<Tensor>> {
+        if self.calib.is_some() || !x.device().is_cuda() || self.lay != Lay::Nhwc || self.groups != 1 {
+            return Ok(None);
+        }
+        let into = !matches!(out, crate::backend::CudnnOut::New);
+        let p = crate::backend::CudnnConvParams {
+            weight: &self.weight,
+            bias: &self.bias,
+            padding: self.padding,
+            stride: self.stride,
+            act: self.act,
+        };
+        let y = crate::backend::profile::scope_some(
+            || {
+                let act = if self.act { "+silu" } else { "" };
+                let res = if residual.is_some() { "+residual" } else { "" };
+                format!("{} +bias{act}{res}{} (cuDNN fused)", self.op_name(x), if into { " into concat" } else { "" })
+            },
+            || crate::backend::cudnn_conv_bias_act(x, &p, residual, out).transpose(),
+        )?;
+        if let Some(y) = &y {
+            count_macs(&self.weight, y);
+        }
+        Ok(y)
     }
 
     /// The convolution without its bias, which the caller adds (the epilogues here; the CUDA
@@ -417,6 +435,10 @@ impl Conv {
     /// `width` channels, the others left for [`Conv::forward_into`] or a copy to fill (CUDA,
     /// [`Conv::writes_in_place`]).
     fn forward_wide(&self, x: &Tensor, width: usize, offset: usize) -> candle_core::Result<Tensor> {
+        #[cfg(feature = "cudnn")]
+        if let Some(y) = self.fused(x, None, crate::backend::CudnnOut::Wide { width, offset })? {
+            return Ok(y);
+        }
         #[cfg(feature = "cuda")]
         {
             let y = self.forward_unbiased(x)?;
@@ -435,6 +457,10 @@ impl Conv {
     /// `act(conv(x) + bias)` written into channels `offset..offset + C` of `buf` (a buffer made
     /// by [`Conv::forward_wide`]).
     fn forward_into(&self, x: &Tensor, buf: &Tensor, offset: usize) -> candle_core::Result<()> {
+        #[cfg(feature = "cudnn")]
+        if self.fused(x, None, crate::backend::CudnnOut::Into { buf, offset })?.is_some() {
+            return Ok(());
+        }
         #[cfg(feature = "cuda")]
         {
             let y = self.forward_unbiased(x)?;

@@ -23,7 +23,7 @@ use std::ffi::c_void;
 use std::rc::Rc;
 use std::time::Instant;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Tensor};
 use cudarc::cudnn::sys;
 use half::f16;
@@ -57,34 +57,57 @@ const UID_STAGES: i64 = 10;
 /// Byte alignment the graph's tensors are declared with (checked on every call's pointers).
 const ALIGN: u64 = 16;
 
-/// `act(conv(x, w) + b) (+ residual)` for channels-last f16 `x` `(N, H, W, C)`, `w`
-/// `(K, R, S, C)`, `b` `(K)` and `residual` `(N, OH, OW, K)` as one cuDNN kernel, or `None`
-/// where fusion is off or this shape is not fused (then the caller runs the convolution and its
-/// epilogue; the decision is kept).
-pub fn conv_bias_act(
-    x: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    residual: Option<&Tensor>,
-    padding: usize,
-    stride: usize,
-    act: bool,
-) -> Option<candle_core::Result<Tensor>> {
+/// The convolution a fused kernel runs: channels-last f16 weight `(K, R, S, C)` and bias `(K)`.
+pub struct ConvParams<'a> {
+    pub weight: &'a Tensor,
+    pub bias: &'a Tensor,
+    pub padding: usize,
+    pub stride: usize,
+    /// SiLU after the bias.
+    pub act: bool,
+}
+
+/// Where the fused kernel writes its `(N, OH, OW, K)` output.
+#[derive(Clone, Copy)]
+pub enum Out<'a> {
+    /// A tensor of its own.
+    New,
+    /// Channels `offset..offset + K` of a new `(N, OH, OW, width)` buffer, the other channels
+    /// left for other writers (a concatenation's buffer).
+    Wide { width: usize, offset: usize },
+    /// Channels `offset..offset + K` of `buf` `(N, OH, OW, width)` (contiguous), in place.
+    Into { buf: &'a Tensor, offset: usize },
+}
+
+/// `act(conv(x, w) + b) (+ residual)` for channels-last f16 `x` `(N, H, W, C)` (packed, or a
+/// slice of the channels of a wider packed tensor) and `residual` `(N, OH, OW, K)` as one cuDNN
+/// kernel, written where `out` says; `None` where fusion is off, the layouts do not fit or this
+/// shape is not fused (then the caller runs the convolution and its epilogue; the decision is
+/// kept). [`Out::Into`] returns `buf`.
+pub fn conv_bias_act(x: &Tensor, p: &ConvParams, residual: Option<&Tensor>, out: Out) -> Option<candle_core::Result<Tensor>> {
     let f16 = |t: &Tensor| t.dtype() == DType::F16;
-    if !crate::backend::tuning::get().cudnn_fusion || !f16(x) || !f16(w) || !f16(b) || !residual.is_none_or(f16) {
+    if !crate::backend::tuning::get().cudnn_fusion || !f16(x) || !f16(p.weight) || !f16(p.bias) || !residual.is_none_or(f16) {
         return None;
     }
-    let key = FusedKey { conv: Key::new(x, w, padding, stride, 1, true)?, act, residual: residual.is_some() };
+    let x = match channel_stride(x) {
+        Some(_) => x.clone(),
+        None => match x.contiguous() {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        },
+    };
+    let key = FusedKey::new(&x, p, residual.is_some(), &out)?;
     let declined = || matches!(DECIDED.with(|d| d.borrow().get(&key).map(|s| s.is_some())), Some(false));
     if declined() {
         return None;
     }
-    match fused(&key, x, w, b, residual) {
+    match fused(&key, &x, p, residual, &out) {
+        Ok(y) => y.map(Ok),
         Err(e) if !crate::backend::oom::is_oom(&e) && declined() => {
             tracing::debug!(reason = %e, shape = ?key, "convolution not fused");
             None
         }
-        r => Some(r),
+        Err(e) => Some(Err(e)),
     }
 }
 
@@ -96,6 +119,57 @@ struct FusedKey {
     act: bool,
     /// A residual added last.
     residual: bool,
+    /// The input's and the output's channel strides: their channels where packed, more where
+    /// the input is a channel slice or the output a concatenation's buffer.
+    x_width: i32,
+    y_width: i32,
+    /// Where the output's channels start in its buffer.
+    y_offset: i32,
+}
+
+impl FusedKey {
+    /// `None` where the layouts do not fit the fused kernel: a strided input or output whose
+    /// channels, stride or offset are not whole 16-byte units, or an [`Out`] whose buffer does
+    /// not take the output.
+    fn new(x: &Tensor, p: &ConvParams, residual: bool, out: &Out) -> Option<Self> {
+        let conv = Key::new(x, p.weight, p.padding, p.stride, 1, true)?;
+        let [n, k, h, w] = conv.y_dims().map(|v| usize::try_from(v).ok());
+        let (n, k, h, w) = (n?, k?, h?, w?);
+        let c = x.dim(3).ok()?;
+        let x_width = channel_stride(x)?;
+        let (y_width, y_offset) = match *out {
+            Out::New => (k, 0),
+            Out::Wide { width, offset } => (width, offset),
+            Out::Into { buf, offset } => {
+                let (bn, bh, bw, width) = buf.dims4().ok()?;
+                let fits =
+                    buf.dtype() == DType::F16 && buf.is_contiguous() && buf.layout().start_offset() % 8 == 0 && (bn, bh, bw) == (n, h, w);
+                (fits.then_some(width)?, offset)
+            }
+        };
+        // a slice or a concatenation's channels in whole 16-byte units (8 f16)
+        let units = |width: usize, c: usize, offset: usize| width == c || (width % 8 == 0 && c % 8 == 0 && offset % 8 == 0);
+        if y_offset + k > y_width || !units(x_width, c, x.layout().start_offset()) || !units(y_width, k, y_offset) {
+            return None;
+        }
+        let i = |v: usize| i32::try_from(v).ok();
+        Some(Self { conv, act: p.act, residual, x_width: i(x_width)?, y_width: i(y_width)?, y_offset: i(y_offset)? })
+    }
+}
+
+/// The channel stride of channels-last `x` `(N, H, W, C)` where it is packed or a slice of the
+/// channels of a wider packed tensor; `None` for any other layout.
+fn channel_stride(x: &Tensor) -> Option<usize> {
+    let (_, h, w, c) = x.dims4().ok()?;
+    let s = x.stride();
+    let width = s[2];
+    (s[3] == 1 && width >= c && s[1] == w * width && s[0] == h * w * width).then_some(width)
+}
+
+/// Elements from the first of an `(n, h, w, c)` channels-last tensor of channel stride `width`
+/// to its last.
+fn span(n: usize, h: usize, w: usize, c: usize, width: usize) -> usize {
+    (n * h * w * width).saturating_sub(width - c)
 }
 
 thread_local! {
@@ -214,13 +288,15 @@ impl Desc {
     }
 }
 
-/// A tensor of the graph: NCHW-ordered `dims` laid out channels last.
-fn tensor(uid: i64, dims: [i32; 4], data_type: sys::cudnnDataType_t, virtual_: bool) -> candle_core::Result<Desc> {
+/// A tensor of the graph: NCHW-ordered `dims` laid out channels last, `width` apart from one
+/// pixel to the next (`None`: packed, `dims`' C).
+fn tensor(uid: i64, dims: [i32; 4], width: Option<i32>, data_type: sys::cudnnDataType_t, virtual_: bool) -> candle_core::Result<Desc> {
     let [n, c, h, w] = dims.map(i64::from);
+    let cw = width.map_or(c, i64::from);
     Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?
         .data_type(A::CUDNN_ATTR_TENSOR_DATA_TYPE, data_type)?
         .i64s(A::CUDNN_ATTR_TENSOR_DIMENSIONS, &[n, c, h, w])?
-        .i64s(A::CUDNN_ATTR_TENSOR_STRIDES, &[h * w * c, 1, w * c, c])?
+        .i64s(A::CUDNN_ATTR_TENSOR_STRIDES, &[h * w * cw, 1, w * cw, cw])?
         .i64s(A::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?
         .i64s(A::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[ALIGN as i64])?
         .boolean(A::CUDNN_ATTR_TENSOR_IS_VIRTUAL, virtual_)?
@@ -257,11 +333,11 @@ fn operation_graph(handle: sys::cudnnHandle_t, key: &FusedKey) -> candle_core::R
     use sys::cudnnDataType_t::{CUDNN_DATA_FLOAT as F32, CUDNN_DATA_HALF as F16};
     let k = &key.conv;
     let y_dims = k.y_dims();
-    let x = tensor(UID_X, k.x, F16, false)?;
-    let w = tensor(UID_W, k.w, F16, false)?;
-    let b = tensor(UID_B, [1, k.w[0], 1, 1], F16, false)?;
-    let y = tensor(UID_Y, y_dims, F16, false)?;
-    let conv_out = tensor(UID_CONV, y_dims, F32, true)?;
+    let x = tensor(UID_X, k.x, Some(key.x_width), F16, false)?;
+    let w = tensor(UID_W, k.w, None, F16, false)?;
+    let b = tensor(UID_B, [1, k.w[0], 1, 1], None, F16, false)?;
+    let y = tensor(UID_Y, y_dims, Some(key.y_width), F16, false)?;
+    let conv_out = tensor(UID_CONV, y_dims, None, F32, true)?;
     let (p, s) = (i64::from(k.pad), i64::from(k.stride));
     let conv = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?
         .data_type(A::CUDNN_ATTR_CONVOLUTION_COMP_TYPE, F32)?
@@ -282,7 +358,7 @@ fn operation_graph(handle: sys::cudnnHandle_t, key: &FusedKey) -> candle_core::R
         .finalize()
         .map(|op| (op, None))?;
     use sys::cudnnPointwiseMode_t::{CUDNN_POINTWISE_ADD, CUDNN_POINTWISE_SWISH_FWD};
-    let r = if key.residual { Some(tensor(UID_R, y_dims, F16, false)?) } else { None };
+    let r = if key.residual { Some(tensor(UID_R, y_dims, None, F16, false)?) } else { None };
     // + bias, SiLU, + residual: each stage's output FP32 and virtual but the last's, `y`
     let mut stages = vec![(CUDNN_POINTWISE_ADD, Some(&b))];
     if key.act {
@@ -298,7 +374,7 @@ fn operation_graph(handle: sys::cudnnHandle_t, key: &FusedKey) -> candle_core::R
         let out = if i + 1 == stages.len() {
             y.take().ok_or_else(|| candle_core::Error::Msg("fused convolution: output taken twice".into()))?
         } else {
-            tensor(UID_STAGES + i as i64, y_dims, F32, true)?
+            tensor(UID_STAGES + i as i64, y_dims, None, F32, true)?
         };
         ops.push(pointwise(mode, &input, other, &out)?);
         parts.push(std::mem::replace(&mut input, out));
@@ -419,26 +495,36 @@ unsafe fn execute(handle: sys::cudnnHandle_t, plan: &Desc, ptrs: &[(i64, u64)], 
     unsafe { sys::cudnnBackendExecute(handle, plan.0, pack.0) }.result().map_err(|e| err("fused convolution", e))
 }
 
-/// The f16 values of a contiguous CUDA tensor, from its first element.
-fn f16_view<'a>(
-    storage: &'a candle_core::Storage,
-    layout: &Layout,
-) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>> {
+/// `len` f16 values of a CUDA tensor from its first element.
+fn f16_span<'a>(storage: &'a candle_core::Storage, layout: &Layout, len: usize) -> candle_core::Result<View<'a>> {
+    let candle_core::Storage::Cuda(s) = storage else { candle_core::bail!("cudnn-conv-bias-act: a CUDA tensor") };
+    let start = layout.start_offset();
+    s.as_cuda_slice::<f16>()?
+        .try_slice(start..start + len)
+        .ok_or_else(|| candle_core::Error::Msg(format!("cudnn-conv-bias-act: {len} values from {start} past the buffer")))
+}
+
+/// The device address where a storage's buffer starts (which tensors share a buffer).
+fn base(storage: &candle_core::Storage, stream: &CudaStream) -> Option<u64> {
     match storage {
-        candle_core::Storage::Cuda(s) if layout.is_contiguous() => Ok(s.as_cuda_slice::<f16>()?.slice(layout.start_offset()..)),
-        _ => candle_core::bail!("cudnn-conv-bias-act: a contiguous f16 CUDA tensor"),
+        candle_core::Storage::Cuda(s) => s.as_cuda_slice::<f16>().ok().map(|v| v.device_ptr(stream).0),
+        _ => None,
     }
 }
 
-/// Decides `key` on first use, then runs its fused plan into a new tensor (an error where the
-/// shape is not fused).
-fn fused(key: &FusedKey, x: &Tensor, w: &Tensor, b: &Tensor, residual: Option<&Tensor>) -> candle_core::Result<Tensor> {
+type View<'a> = candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>;
+
+/// Decides `key` on first use, then runs its fused plan into the output `out` names:
+/// `Ok(None)` where the shape is not fused or the buffers do not fit it (misaligned, or an
+/// [`Out::Into`] buffer that is one of the inputs).
+fn fused(key: &FusedKey, x: &Tensor, p: &ConvParams, residual: Option<&Tensor>, out: &Out) -> candle_core::Result<Option<Tensor>> {
     let candle_core::Device::Cuda(dev) = x.device() else { candle_core::bail!("cudnn-conv-bias-act: CUDA only") };
     let [n, k, h, wd] = key.conv.y_dims().map(|v| v.max(0) as usize);
-    if n * k * h * wd == 0 {
-        candle_core::bail!("cudnn-conv-bias-act: empty output for {key:?}");
+    let c = x.dim(3)?;
+    if n * k * h * wd * c == 0 {
+        candle_core::bail!("cudnn-conv-bias-act: empty input or output for {key:?}");
     }
-    let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
+    let (w, b) = (p.weight.contiguous()?, p.bias.contiguous()?);
     let residual = match residual {
         Some(r) if r.dims() != [n, h, wd, k] => {
             candle_core::bail!("cudnn-conv-bias-act: residual {:?} for an output of {:?}", r.dims(), [n, h, wd, k])
@@ -450,52 +536,124 @@ fn fused(key: &FusedKey, x: &Tensor, w: &Tensor, b: &Tensor, residual: Option<&T
     let (ws, wl) = w.storage_and_layout();
     let (bs, bl) = b.storage_and_layout();
     let rs = residual.as_ref().map(|r| r.storage_and_layout());
-    let (xv, wv, bv) = (f16_view(&xs, xl)?, f16_view(&ws, wl)?, f16_view(&bs, bl)?);
+    let xv = f16_span(&xs, xl, span(n, x.dim(1)?, x.dim(2)?, c, key.x_width as usize))?;
+    let (wv, bv) = (f16_span(&ws, wl, w.elem_count())?, f16_span(&bs, bl, b.elem_count())?);
     let rv = match &rs {
-        Some((s, l)) => Some(f16_view(s, l)?),
+        Some((s, l)) => Some(f16_span(s, l, n * h * wd * k)?),
         None => None,
     };
-    // SAFETY: fully written by the fused kernel (or by the timing runs, then by it).
-    let mut y = unsafe { dev.alloc::<f16>(n * k * h * wd)? };
     let handle = handle(dev)?;
     let stream = dev.cuda_stream();
-    {
-        let mut yv = y.slice_mut(..);
-        if !DECIDED.with(|d| d.borrow().contains_key(key)) {
-            let decided = decide(handle, dev, key, (&xv, &wv, &bv, rv.as_ref()), &mut yv)?;
-            DECIDED.with(|d| d.borrow_mut().insert(*key, decided));
-        }
-        let (xp, _gx) = xv.device_ptr(&stream);
-        let (wp, _gw) = wv.device_ptr(&stream);
-        let (bp, _gb) = bv.device_ptr(&stream);
-        let (yp, _gy) = yv.device_ptr_mut(&stream);
-        let r = rv.as_ref().map(|r| r.device_ptr(&stream));
-        let mut ptrs = vec![(UID_X, xp), (UID_W, wp), (UID_B, bp), (UID_Y, yp)];
-        ptrs.extend(r.as_ref().map(|(rp, _)| (UID_R, *rp)));
-        if ptrs.iter().any(|(_, p)| p % ALIGN != 0) {
-            candle_core::bail!("cudnn-conv-bias-act: a buffer not aligned to {ALIGN} bytes");
-        }
-        DECIDED.with(|d| {
-            let d = d.borrow();
-            let Some(Some(fused)) = d.get(key) else { candle_core::bail!("cudnn-conv-bias-act: {key:?} is not fused") };
-            // SAFETY: uninitialised scratch space for cuDNN.
-            let mut scratch = if fused.workspace > 0 { Some(unsafe { dev.alloc::<u8>(fused.workspace)? }) } else { None };
-            let (sp, _gs) = scratch_ptr(&mut scratch, &stream);
-            // SAFETY: the plan was built for `key`, which holds these buffers' shapes and dtype
-            // (the residual's checked above); the pointers are aligned (checked above) and kept
-            // alive and ordered on the stream by the guards; the scratch holds the plan's
-            // workspace.
-            unsafe { execute(handle, &fused.plan, &ptrs, sp) }
-        })?;
+    let inputs = [Some((UID_X, &xv)), Some((UID_W, &wv)), Some((UID_B, &bv)), rv.as_ref().map(|r| (UID_R, r))];
+    let guarded: Vec<_> = inputs.iter().flatten().map(|(uid, v)| (*uid, v.device_ptr(&stream))).collect();
+    let ptrs: Vec<(i64, u64)> = guarded.iter().map(|(uid, (p, _))| (*uid, *p)).collect();
+    if ptrs.iter().any(|(_, p)| p % ALIGN != 0) {
+        return Ok(None);
     }
-    let storage = CudaStorage::wrap_cuda_slice(y, dev.clone());
-    Ok(Tensor::from_storage(candle_core::Storage::Cuda(storage), (n, h, wd, k), candle_core::op::BackpropOp::none(), false))
+    let y_len = n * h * wd * key.y_width as usize;
+    // the output of `Out::New` and `Out::Wide`, which is also the scratch output of the timing
+    // runs where the shape is decided
+    let mut y = match out {
+        // SAFETY: channels `offset..offset + K` are written by the fused kernel (or by the timing
+        // runs, then by it); the others are the caller's to fill (`Out::Wide`) or none (`Out::New`).
+        Out::New | Out::Wide { .. } => Some(unsafe { dev.alloc::<f16>(y_len)? }),
+        Out::Into { .. } => None,
+    };
+    if !DECIDED.with(|d| d.borrow().contains_key(key)) {
+        let decided = match &mut y {
+            Some(y) => decide(handle, dev, key, x, &ptrs, (&xv, &wv), y)?,
+            // SAFETY: scratch output, written by the timed runs and never read.
+            None => decide(handle, dev, key, x, &ptrs, (&xv, &wv), &mut unsafe { dev.alloc::<f16>(y_len)? })?,
+        };
+        DECIDED.with(|d| d.borrow_mut().insert(*key, decided));
+    }
+    if !matches!(DECIDED.with(|d| d.borrow().get(key).map(Option::is_some)), Some(true)) {
+        return Ok(None);
+    }
+    let elem = std::mem::size_of::<f16>() as u64;
+    match (*out, y) {
+        (Out::New | Out::Wide { .. }, Some(mut y)) => {
+            let (width, offset) = (key.y_width as usize, key.y_offset as usize);
+            {
+                let (yp, _gy) = y.device_ptr_mut(&stream);
+                run(handle, dev, key, &ptrs, yp + offset as u64 * elem)?;
+            }
+            let storage = CudaStorage::wrap_cuda_slice(y, dev.clone());
+            let shape = (n, h, wd, width);
+            Ok(Some(Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false)))
+        }
+        (Out::New | Out::Wide { .. }, None) => candle_core::bail!("cudnn-conv-bias-act: no output buffer"),
+        (Out::Into { buf, offset }, _) => {
+            // the in-place op locks `buf`'s storage for writing: an input sharing it would
+            // deadlock on the read locks held above
+            let shared = {
+                let (s, _) = buf.storage_and_layout();
+                let b = base(&s, &stream);
+                b.is_none() || [Some(&xs), Some(&ws), Some(&bs), rs.as_ref().map(|r| &r.0)].iter().flatten().any(|t| base(t, &stream) == b)
+            };
+            if shared {
+                return Ok(None);
+            }
+            buf.inplace_op1(&WriteInto { handle, dev, key, ptrs: &ptrs, offset })?;
+            Ok(Some(buf.clone()))
+        }
+    }
+}
+
+/// Runs `key`'s fused plan (decided, fused) on the inputs at `ptrs` (by tensor id) with the
+/// output's first channel at device address `y`.
+fn run(handle: sys::cudnnHandle_t, dev: &CudaDevice, key: &FusedKey, ptrs: &[(i64, u64)], y: u64) -> candle_core::Result<()> {
+    if y % ALIGN != 0 {
+        candle_core::bail!("cudnn-conv-bias-act: output not aligned to {ALIGN} bytes");
+    }
+    let stream = dev.cuda_stream();
+    DECIDED.with(|d| {
+        let d = d.borrow();
+        let Some(Some(fused)) = d.get(key) else { candle_core::bail!("cudnn-conv-bias-act: {key:?} is not fused") };
+        // SAFETY: uninitialised scratch space for cuDNN.
+        let mut scratch = if fused.workspace > 0 { Some(unsafe { dev.alloc::<u8>(fused.workspace)? }) } else { None };
+        let (sp, _gs) = scratch_ptr(&mut scratch, &stream);
+        let mut all = ptrs.to_vec();
+        all.push((UID_Y, y));
+        // SAFETY: the plan was built for `key`, which holds these buffers' shapes, strides and
+        // dtype (checked by `FusedKey::new` and `fused`); the inputs are aligned (checked in
+        // `fused`), the output too (above); the caller's guards keep them alive and ordered on
+        // the stream; the scratch holds the plan's workspace.
+        unsafe { execute(handle, &fused.plan, &all, sp) }
+    })
+}
+
+/// [`Out::Into`]: the fused kernel writing into channels `offset..` of the buffer it is applied to.
+struct WriteInto<'a> {
+    handle: sys::cudnnHandle_t,
+    dev: &'a CudaDevice,
+    key: &'a FusedKey,
+    ptrs: &'a [(i64, u64)],
+    offset: usize,
+}
+
+impl candle_core::InplaceOp1 for WriteInto<'_> {
+    fn name(&self) -> &'static str {
+        "cudnn-conv-bias-act-into"
+    }
+
+    fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("cudnn-conv-bias-act-into: CUDA only")
+    }
+
+    fn cuda_fwd(&self, storage: &mut CudaStorage, layout: &Layout) -> candle_core::Result<()> {
+        let stream = self.dev.cuda_stream();
+        let buf = storage.as_cuda_slice_mut::<f16>()?;
+        let (bp, _g) = buf.device_ptr_mut(&stream);
+        let elem = std::mem::size_of::<f16>() as u64;
+        run(self.handle, self.dev, self.key, self.ptrs, bp + (layout.start_offset() + self.offset) as u64 * elem)
+    }
 }
 
 /// The raw pointer of an optional scratch buffer (null without one), with its stream guard.
 fn scratch_ptr<'a>(
     ws: &'a mut Option<CudaSlice<u8>>,
-    stream: &'a candle_core::cuda_backend::cudarc::driver::CudaStream,
+    stream: &'a CudaStream,
 ) -> (*mut c_void, Option<candle_core::cuda_backend::cudarc::driver::SyncOnDrop<'a>>) {
     match ws.as_mut() {
         Some(b) => {
@@ -506,18 +664,30 @@ fn scratch_ptr<'a>(
     }
 }
 
-type View<'a> = candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>;
-
-/// Times the unfused convolution and the fused graph's plans on the call's own buffers and
-/// returns the fastest fused plan where it is no slower than the convolution alone.
+/// Times the unfused convolution (on a packed copy of `x` where it is a slice) and the fused
+/// graph's plans (on the call's inputs at `ptrs`), both into `scratch_y` (room for `key`'s
+/// strided output), and returns the fastest fused plan where it is no slower than the
+/// convolution alone.
 fn decide(
     handle: sys::cudnnHandle_t,
     dev: &CudaDevice,
     key: &FusedKey,
-    (x, w, b, r): (&View, &View, &View, Option<&View>),
-    y: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<f16>,
+    x: &Tensor,
+    ptrs: &[(i64, u64)],
+    (xv, wv): (&View, &View),
+    scratch_y: &mut CudaSlice<f16>,
 ) -> candle_core::Result<Option<Fused>> {
-    let Some(unfused) = conv_time(handle, dev, &key.conv, x, w, y)? else {
+    let [n, k, h, wd] = key.conv.y_dims().map(|v| v.max(0) as usize);
+    let packed = if key.x_width == key.conv.x[1] { None } else { Some(x.contiguous()?) };
+    let packed_guard = packed.as_ref().map(|t| t.storage_and_layout());
+    let xpv = match &packed_guard {
+        Some((s, l)) => f16_span(s, l, x.elem_count())?,
+        None => xv.slice(..),
+    };
+    if scratch_y.len() < n * h * wd * key.y_width as usize {
+        candle_core::bail!("cudnn-conv-bias-act: scratch output too small for {key:?}");
+    }
+    let Some(unfused) = conv_time(handle, dev, &key.conv, &xpv, wv, &mut scratch_y.slice_mut(..n * k * h * wd))? else {
         return Ok(None);
     };
     if unfused > FUSE_BELOW_MS {
@@ -536,23 +706,17 @@ fn decide(
     let need = plans.iter().map(|p| p.workspace).max().unwrap_or(0);
     // SAFETY: scratch space for cuDNN.
     let mut scratch = if need > 0 { Some(unsafe { dev.alloc::<u8>(need)? }) } else { None };
-    let (xp, _gx) = x.device_ptr(&stream);
-    let (wp, _gw) = w.device_ptr(&stream);
-    let (bp, _gb) = b.device_ptr(&stream);
-    let (yp, _gy) = y.device_ptr_mut(&stream);
-    let r = r.map(|r| r.device_ptr(&stream));
-    let mut ptrs = vec![(UID_X, xp), (UID_W, wp), (UID_B, bp), (UID_Y, yp)];
-    ptrs.extend(r.as_ref().map(|(rp, _)| (UID_R, *rp)));
-    if ptrs.iter().any(|(_, p)| p % ALIGN != 0) {
-        return Ok(None);
-    }
+    let (yp, _gy) = scratch_y.device_ptr_mut(&stream);
+    let mut all = ptrs.to_vec();
+    all.push((UID_Y, yp));
     let (sp, _gs) = scratch_ptr(&mut scratch, &stream);
     let mut best: Option<(usize, f32)> = None;
     for (i, p) in plans.iter().enumerate() {
-        // SAFETY: as in `fused`: the plan is `key`'s, the buffers the call's own (aligned,
-        // checked above), kept alive and ordered by the guards until `time_runs` has waited for
-        // the runs; the scratch holds the largest plan's workspace.
-        match time_runs(&stream, || unsafe { execute(handle, &p.plan, &ptrs, sp) }) {
+        // SAFETY: the plan is `key`'s; the inputs are the call's own (aligned, checked in
+        // `fused`) and the output a fresh allocation of `key`'s strided output, kept alive and
+        // ordered by the guards until `time_runs` has waited for the runs; the scratch holds the
+        // largest plan's workspace.
+        match time_runs(&stream, || unsafe { execute(handle, &p.plan, &all, sp) }) {
             Ok(t) if best.is_none_or(|(_, b)| t < b) => best = Some((i, t)),
             Ok(_) => {}
             Err(e) if crate::backend::oom::is_oom(&e) => return Err(e),
