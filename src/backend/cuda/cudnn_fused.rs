@@ -1,10 +1,12 @@
-//! A channels-last f16 convolution with its bias and SiLU as one kernel, through cuDNN's graph
-//! API (its runtime-fusion engines), where that runs faster than the convolution alone.
+//! A channels-last f16 convolution with its whole epilogue as one kernel, through cuDNN's graph
+//! API (its runtime-fusion engines), where that runs faster than the convolution alone: bias,
+//! SiLU, a residual add, and the write into its channels of a concatenation's buffer
+//! ([`Out`]); the input may be a channel slice of a wider tensor.
 //!
 //! The convolutions of [`super::cudnn`] are each followed by one epilogue kernel
 //! ([`super::epilogue`]). At small batches a pass is a chain of a few hundred kernels each too
 //! small to fill the GPU, so one kernel fewer per convolution is time saved
-//! (BENCHMARKS.md, "Convolution with its epilogue in one cuDNN kernel").
+//! (BENCHMARKS.md, "Every convolution epilogue in the cuDNN kernel").
 //!
 //! Off unless `[tuning] cudnn_fusion` is on (`--cudnn-fusion on`): each plan build compiles a
 //! kernel (about 0.2 s on an H100), which adds seconds of start-up per input shape and batch size.
