@@ -713,14 +713,21 @@ fn decide(
     all.push((UID_Y, yp));
     let (sp, _gs) = scratch_ptr(&mut scratch, &stream);
     let mut best: Option<(usize, f32)> = None;
+    // every plan's time, in the heuristics' order (how often a later plan wins: what building
+    // fewer would lose)
+    let mut times = vec![None; plans.len()];
     for (i, p) in plans.iter().enumerate() {
         // SAFETY: the plan is `key`'s; the inputs are the call's own (aligned, checked in
         // `fused`) and the output a fresh allocation of `key`'s strided output, kept alive and
         // ordered by the guards until `time_runs` has waited for the runs; the scratch holds the
         // largest plan's workspace.
         match time_runs(&stream, || unsafe { execute(handle, &p.plan, &all, sp) }) {
-            Ok(t) if best.is_none_or(|(_, b)| t < b) => best = Some((i, t)),
-            Ok(_) => {}
+            Ok(t) => {
+                times[i] = Some(t);
+                if best.is_none_or(|(_, b)| t < b) {
+                    best = Some((i, t));
+                }
+            }
             Err(e) if crate::backend::oom::is_oom(&e) => return Err(e),
             Err(e) => tracing::debug!(shape = ?key, plan = i, error = %e, "fused convolution plan failed its timed runs"),
         }
@@ -730,6 +737,7 @@ fn decide(
         unfused,
         fused = ?best.map(|b| b.1),
         chosen = ?best.map(|b| b.0),
+        plan_ms = ?times,
         plans = plans.len(),
         build_ms = built.as_secs_f64() * 1e3,
         "fused convolution timed"
