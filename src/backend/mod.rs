@@ -46,8 +46,9 @@ pub use cpu::{is_cpu_f32, with_f32 as with_cpu_f32};
 /// Channels-last convolution through a cuDNN plan (`None`: cuDNN cannot run this shape).
 #[cfg(feature = "cudnn")]
 pub use cuda::cudnn::conv2d as cudnn_conv2d;
-/// Channels-last f16 convolution + bias (+ SiLU) as one cuDNN kernel where that pays (`None`:
-/// not fused; the caller runs the convolution and its epilogue).
+/// Channels-last f16 convolution with its epilogue (bias, SiLU, residual, the write into a
+/// concatenation) as one cuDNN kernel where that pays (`None`: not fused; the caller runs the
+/// convolution and its epilogue).
 #[cfg(feature = "cudnn")]
 pub use cuda::cudnn_fused::{conv_bias_act as cudnn_conv_bias_act, ConvParams as CudnnConvParams, Out as CudnnOut};
 #[cfg(feature = "cuda")]

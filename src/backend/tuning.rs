@@ -40,7 +40,8 @@ pub struct Tuning {
     /// Passes on CUDA replay captured CUDA graphs, one per input shape and batch size (small
     /// batches are launch-bound otherwise).
     pub cuda_graphs: bool,
-    /// f16 convolutions run with their bias and SiLU as one cuDNN kernel where that times faster
+    /// f16 convolutions run with their epilogue (bias, SiLU, residual, the write into a
+    /// concatenation) as one cuDNN kernel where that times faster
     /// (`backend::cuda::cudnn_fused`): lower latency at small batches, but each new input shape
     /// and batch size first compiles its fused kernels (seconds of start-up per batch size).
     pub cudnn_fusion: bool,

@@ -54,8 +54,9 @@ pub struct TuningArgs {
     /// Passes on CUDA replay captured CUDA graphs, one per input shape and batch size.
     #[arg(long, value_enum)]
     cuda_graphs: Option<Switch>,
-    /// f16 convolutions with their bias and SiLU as one cuDNN kernel where that times faster
-    /// (lower small-batch latency; seconds of start-up per input shape and batch size).
+    /// f16 convolutions with their epilogue (bias, SiLU, residual, the write into a
+    /// concatenation) as one cuDNN kernel where that times faster (lower small-batch latency;
+    /// seconds of start-up per input shape and batch size).
     #[arg(long, value_enum)]
     cudnn_fusion: Option<Switch>,
     /// How activations are placed on a CUDA device.

@@ -91,19 +91,13 @@ pub fn conv_bias_act(x: &Tensor, p: &ConvParams, residual: Option<&Tensor>, out:
     if !crate::backend::tuning::get().cudnn_fusion || !f16(x) || !f16(p.weight) || !f16(p.bias) || !residual.is_none_or(f16) {
         return None;
     }
-    let x = match channel_stride(x) {
-        Some(_) => x.clone(),
-        None => match x.contiguous() {
-            Ok(x) => x,
-            Err(e) => return Some(Err(e)),
-        },
-    };
-    let key = FusedKey::new(&x, p, residual.is_some(), &out)?;
+    // any other input layout (not packed, not a channel slice) takes the unfused path
+    let key = FusedKey::new(x, p, residual.is_some(), &out)?;
     let declined = || matches!(DECIDED.with(|d| d.borrow().get(&key).map(|s| s.is_some())), Some(false));
     if declined() {
         return None;
     }
-    match fused(&key, &x, p, residual, &out) {
+    match fused(&key, x, p, residual, &out) {
         Ok(y) => y.map(Ok),
         Err(e) if !crate::backend::oom::is_oom(&e) && declined() => {
             tracing::debug!(reason = %e, shape = ?key, "convolution not fused");
@@ -506,14 +500,6 @@ fn f16_span<'a>(storage: &'a candle_core::Storage, layout: &Layout, len: usize) 
         .ok_or_else(|| candle_core::Error::Msg(format!("cudnn-conv-bias-act: {len} values from {start} past the buffer")))
 }
 
-/// The device address where a storage's buffer starts (which tensors share a buffer).
-fn base(storage: &candle_core::Storage, stream: &CudaStream) -> Option<u64> {
-    match storage {
-        candle_core::Storage::Cuda(s) => s.as_cuda_slice::<f16>().ok().map(|v| v.device_ptr(stream).0),
-        _ => None,
-    }
-}
-
 type View<'a> = candle_core::cuda_backend::cudarc::driver::CudaView<'a, f16>;
 
 /// Decides `key` on first use, then runs its fused plan into the output `out` names:
@@ -586,12 +572,16 @@ fn fused(key: &FusedKey, x: &Tensor, p: &ConvParams, residual: Option<&Tensor>, 
         }
         (Out::New | Out::Wide { .. }, None) => candle_core::bail!("cudnn-conv-bias-act: no output buffer"),
         (Out::Into { buf, offset }, _) => {
-            // the in-place op locks `buf`'s storage for writing: an input sharing it would
-            // deadlock on the read locks held above
-            let shared = {
-                let (s, _) = buf.storage_and_layout();
-                let b = base(&s, &stream);
-                b.is_none() || [Some(&xs), Some(&ws), Some(&bs), rs.as_ref().map(|r| &r.0)].iter().flatten().any(|t| base(t, &stream) == b)
+            // the in-place op locks `buf`'s storage for writing: an input in that storage (its
+            // address inside the storage's allocation) would deadlock on the read locks held above
+            let shared = match &*buf.storage_and_layout().0 {
+                candle_core::Storage::Cuda(s) => {
+                    let all = s.as_cuda_slice::<f16>()?;
+                    let (start, _g) = all.device_ptr(&stream);
+                    let end = start + all.len() as u64 * elem;
+                    ptrs.iter().any(|(_, p)| (start..end).contains(p))
+                }
+                _ => true,
             };
             if shared {
                 return Ok(None);

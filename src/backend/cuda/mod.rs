@@ -1,5 +1,6 @@
 //! The CUDA path of the acceleration layer: convolutions through cuDNN plans ([`cudnn`], with
-//! feature `cudnn`; with their bias and SiLU in one kernel where that pays: [`cudnn_fused`]), the project's fused kernels (`kernels/*.cu`, compiled to PTX by `build.rs`:
+//! feature `cudnn`; with their epilogue in one kernel where that pays: [`cudnn_fused`]), the
+//! project's fused kernels (`kernels/*.cu`, compiled to PTX by `build.rs`:
 //! conv [`epilogue`], CBFuse [`fuse`], channels-last [`pool`]ing and data movement ([`nhwc`]),
 //! [`head`] decode, network [`input`] normalisation, score [`candidates`]), one forward pass replayed as a CUDA
 //! [`graph`], and JPEG pictures to the network input on the GPU ([`jpeg`]: nvJPEG decoding, then
