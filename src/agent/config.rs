@@ -921,7 +921,9 @@ impl Config {
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
 
-        raw.tuning.validate().map_err(|e| invalid(&format!("tuning.{}", e.key), e.why))?;
+        let mut tuning = raw.tuning;
+        tuning.cudnn_fusion_cache = tuning.cudnn_fusion_cache.map(|p| resolve(&p));
+        tuning.validate().map_err(|e| invalid(&format!("tuning.{}", e.key), e.why))?;
 
         let d = raw.device;
         if let BatchSpec::Fixed(b) = d.batch {
@@ -1252,7 +1254,7 @@ impl Config {
                 max_pixels: raw.input.max_pixels.0,
                 max_bytes: raw.input.max_bytes.0,
             },
-            tuning: raw.tuning,
+            tuning,
             inject_oom,
             metrics,
             model_load_delay: raw.debug.model_load_delay_ms.filter(|d| d.0 > 0).map(|d| Duration::from_millis(d.0)),
@@ -1489,6 +1491,16 @@ path = "/in"
         assert!(e.contains("/etc/a.toml:15:") && e.contains("tuning") && e.contains("cuda_graph"), "{e}");
         let e = err(&format!("{MIN}\n[tuning]\ncudnn_workspace_min = \"8GB of it\"\n"));
         assert!(e.contains("`tuning.cudnn_workspace_min`") && e.contains("8GB of it"), "{e}");
+    }
+
+    #[test]
+    fn the_fusion_cache_is_relative_to_the_config_and_its_folder_must_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("agent.toml");
+        let c = Config::parse(&format!("{MIN}\n[tuning]\ncudnn_fusion = true\ncudnn_fusion_cache = \"fusion.jsonl\"\n"), &cfg).unwrap();
+        assert_eq!(c.tuning.cudnn_fusion_cache.as_deref(), Some(dir.path().join("fusion.jsonl").as_path()));
+        let e = Config::parse(&format!("{MIN}\n[tuning]\ncudnn_fusion_cache = \"cache/fusion.jsonl\"\n"), &cfg).unwrap_err().to_string();
+        assert!(e.contains("agent.toml:15:") && e.contains("`tuning.cudnn_fusion_cache`") && e.contains("does not exist"), "{e}");
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! - [`upload`]: pictures to the device through pinned staging; `GpuJpeg` (CUDA): JPEG files
 //!   decoded by nvJPEG and letterboxed on the device, the pictures it cannot take handed back to
 //!   the host decoder; [`arena`]: deterministic placement of a pass's activations (CUDA);
-//!   [`profile`]: opt-in per-operation timing.
+//!   [`profile`]: opt-in per-operation timing; [`fusion_cache`]: the fused-convolution
+//!   decisions kept between processes.
 //! - [`tuning`]: the operator-tunable settings of this layer, with their defaults.
 //!
 //! The model and the detector use this layer through the names re-exported below; the
@@ -28,6 +29,7 @@ mod cpu;
 mod cuda;
 pub mod device;
 pub mod devmem;
+pub mod fusion_cache;
 pub mod hostmem;
 pub mod oom;
 pub mod profile;

@@ -6,6 +6,7 @@
 //! first model is built ([`install`]). The layer reads them through [`get`]. A change needs a
 //! restart: kernels, plans and the arena are set up with these values.
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,11 @@ pub struct Tuning {
     /// (`backend::cuda::cudnn_fused`): lower latency at small batches, but each new input shape
     /// and batch size first compiles its fused kernels (seconds of start-up per batch size).
     pub cudnn_fusion: bool,
+    /// File that keeps each fused-convolution decision (GPU model, cuDNN version, shape -> the
+    /// engine config that ran fastest, or not fused), so that a restart builds only the kept
+    /// plans instead of timing several per shape (`backend::fusion_cache`); its folder must
+    /// exist. Relative to the agent's config file. Unused while `cudnn_fusion` is off.
+    pub cudnn_fusion_cache: Option<PathBuf>,
     /// Threads that pack a batch's pictures into the pinned upload buffer; 0 = the available
     /// cores, at most 8.
     pub upload_threads: usize,
@@ -60,6 +66,7 @@ impl Default for Tuning {
             cudnn_algo_slack: 0.05,
             cuda_graphs: true,
             cudnn_fusion: false,
+            cudnn_fusion_cache: None,
             upload_threads: 0,
             allocator: Allocator::Arena,
         }
@@ -89,6 +96,15 @@ impl Tuning {
         }
         if self.upload_threads > 256 {
             return bad("upload_threads", "must be from 0 (automatic) to 256");
+        }
+        if let Some(p) = &self.cudnn_fusion_cache {
+            if p.is_dir() {
+                return bad("cudnn_fusion_cache", &format!("{} is a folder, not a file", p.display()));
+            }
+            let folder = p.parent().filter(|f| !f.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            if !folder.is_dir() {
+                return bad("cudnn_fusion_cache", &format!("folder {} does not exist", folder.display()));
+            }
         }
         Ok(())
     }
@@ -151,5 +167,18 @@ mod tests {
         assert_eq!(bad.validate().unwrap_err().key, "cudnn_algo_slack");
         assert!(toml::from_str::<Tuning>("allocator = \"slab\"").is_err());
         assert!(toml::from_str::<Tuning>("cuda_graph = true").is_err());
+    }
+
+    #[test]
+    fn the_fusion_cache_needs_an_existing_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Tuning { cudnn_fusion_cache: Some(dir.path().join("fusion.jsonl")), ..Tuning::default() };
+        ok.validate().unwrap();
+        let missing = Tuning { cudnn_fusion_cache: Some(dir.path().join("nowhere/fusion.jsonl")), ..Tuning::default() };
+        let e = missing.validate().unwrap_err();
+        assert_eq!(e.key, "cudnn_fusion_cache");
+        assert!(e.why.contains("nowhere") && e.why.contains("does not exist"), "{}", e.why);
+        let folder = Tuning { cudnn_fusion_cache: Some(dir.path().to_path_buf()), ..Tuning::default() };
+        assert!(folder.validate().unwrap_err().why.contains("is a folder"));
     }
 }

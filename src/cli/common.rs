@@ -59,6 +59,10 @@ pub struct TuningArgs {
     /// seconds of start-up per input shape and batch size).
     #[arg(long, value_enum)]
     cudnn_fusion: Option<Switch>,
+    /// File that keeps the fused-convolution decisions (with --cudnn-fusion on), so that a later
+    /// run builds only the kept plans; its folder must exist.
+    #[arg(long, value_name = "FILE")]
+    cudnn_fusion_cache: Option<std::path::PathBuf>,
     /// How activations are placed on a CUDA device.
     #[arg(long, value_enum)]
     allocator: Option<AllocatorArg>,
@@ -89,6 +93,7 @@ impl TuningArgs {
         let t = Tuning {
             cuda_graphs: self.cuda_graphs.map_or(d.cuda_graphs, |s| s == Switch::On),
             cudnn_fusion: self.cudnn_fusion.map_or(d.cudnn_fusion, |s| s == Switch::On),
+            cudnn_fusion_cache: self.cudnn_fusion_cache.clone().or(d.cudnn_fusion_cache),
             allocator: match self.allocator {
                 None => d.allocator,
                 Some(AllocatorArg::Arena) => Allocator::Arena,

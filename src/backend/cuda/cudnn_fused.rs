@@ -18,6 +18,9 @@
 //! algorithms; the fastest is kept where it is no slower than the convolution alone. Otherwise
 //! the shape is remembered as not fused and [`conv_bias_act`] returns `None`: the caller runs
 //! the convolution and the epilogue. Plans live per thread, as in [`super::cudnn`].
+//!
+//! With `[tuning] cudnn_fusion_cache`, each decision is also kept in a file
+//! ([`crate::backend::fusion_cache`]) and a later process builds only the plan it names, untimed.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -31,6 +34,7 @@ use cudarc::cudnn::sys;
 use half::f16;
 
 use super::cudnn::{conv_time, err, handle, time_runs, Key};
+use crate::backend::fusion_cache::{self, Choice, FusionCache};
 
 use sys::cudnnBackendAttributeName_t as A;
 use sys::cudnnBackendAttributeType_t as T;
@@ -150,6 +154,24 @@ impl FusedKey {
         }
         let i = |v: usize| i32::try_from(v).ok();
         Some(Self { conv, act: p.act, residual, x_width: i(x_width)?, y_width: i(y_width)?, y_offset: i(y_offset)? })
+    }
+}
+
+impl FusedKey {
+    /// The shape as the fusion cache keeps it (without the process's device id).
+    fn cached(&self) -> fusion_cache::Shape {
+        let k = &self.conv;
+        fusion_cache::Shape {
+            x: k.x,
+            w: k.w,
+            stride: k.stride,
+            pad: k.pad,
+            act: self.act,
+            residual: self.residual,
+            x_width: self.x_width,
+            y_width: self.y_width,
+            y_offset: self.y_offset,
+        }
     }
 }
 
@@ -395,18 +417,25 @@ fn operation_graph(handle: sys::cudnnHandle_t, key: &FusedKey) -> candle_core::R
 struct Fused {
     plan: Desc,
     workspace: usize,
+    /// Its engine config's place in the heuristics and its engine (what the fusion cache keeps).
+    choice: Choice,
     _config: Desc,
     _graph: Rc<Graph>,
 }
 
-/// Whether the engine of `config` computes as the unfused path's admitted algorithms do: FP32
-/// accumulation, no FFT or Winograd (cuDNN's numerical notes).
-fn exact(config: &Desc) -> candle_core::Result<bool> {
-    use sys::cudnnBackendNumericalNote_t as N;
+/// The engine of an engine config the heuristics filled.
+fn engine_of(config: &Desc) -> candle_core::Result<Desc> {
     let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
     // SAFETY: `config` is an engine config the heuristics filled; the one element is a live
     // engine descriptor for cuDNN to fill.
     unsafe { config.get(A::CUDNN_ATTR_ENGINECFG_ENGINE, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut [engine.0]) }?;
+    Ok(engine)
+}
+
+/// Whether `engine` computes as the unfused path's admitted algorithms do: FP32 accumulation, no
+/// FFT or Winograd (cuDNN's numerical notes).
+fn exact(engine: &Desc) -> candle_core::Result<bool> {
+    use sys::cudnnBackendNumericalNote_t as N;
     // read as plain C ints: a note this build's bindings do not list is not a valid Rust enum
     let mut notes = [u32::MAX; 32];
     // SAFETY: CUDNN_TYPE_NUMERICAL_NOTE is a C enum (an int).
@@ -423,9 +452,18 @@ fn exact(config: &Desc) -> candle_core::Result<bool> {
     Ok(notes[..n.min(notes.len())].iter().all(|v| !inexact.contains(v)))
 }
 
-/// The heuristics' first [`MAX_PLANS`] plans of `graph` that compute exactly ([`exact`]) and
-/// build, from its first [`MAX_CONFIGS`] engine configs.
-fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<Vec<Fused>> {
+/// Which of the heuristics' engine configs [`build_plans`] builds.
+#[derive(Clone, Copy)]
+enum Configs {
+    /// The first [`MAX_PLANS`] that compute exactly ([`exact`]) and build, from the first
+    /// [`MAX_CONFIGS`].
+    First,
+    /// The one a fusion cache kept, if the heuristics still name the same engine there.
+    Kept(Choice),
+}
+
+/// The plans of `graph` that `which` names.
+fn build_plans(handle: sys::cudnnHandle_t, graph: Graph, which: Configs) -> candle_core::Result<Vec<Fused>> {
     let graph = Rc::new(graph);
     let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?
         .descs(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph.graph])?
@@ -441,16 +479,28 @@ fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<
     // SAFETY: `raw` holds live engine-config descriptors for cuDNN to fill.
     let got = unsafe { heur.get(A::CUDNN_ATTR_ENGINEHEUR_RESULTS, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw) }?;
     let mut plans = Vec::new();
-    for config in configs.into_iter().take(got) {
+    for (position, config) in configs.into_iter().take(got).enumerate() {
         if plans.len() == MAX_PLANS {
             break;
         }
-        match exact(&config) {
-            Ok(true) => {}
-            Ok(false) => continue,
+        if let Configs::Kept(c) = which {
+            if position != c.position as usize {
+                continue;
+            }
+        }
+        let engine = match engine_of(&config).and_then(|e| Ok((exact(&e)?, e.get_i64(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX)?))) {
+            Ok((true, engine)) => engine,
+            Ok((false, _)) => continue,
             Err(e) => {
                 tracing::debug!(error = %e, "fused convolution engine's numerical notes unreadable");
                 continue;
+            }
+        };
+        let choice = Choice { position: position as u32, engine };
+        if let Configs::Kept(kept) = which {
+            if kept != choice {
+                tracing::debug!(?kept, now = ?choice, "the heuristics name another engine than the fusion cache kept");
+                break;
             }
         }
         let built = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
@@ -459,7 +509,7 @@ fn build_plans(handle: sys::cudnnHandle_t, graph: Graph) -> candle_core::Result<
             .and_then(Desc::finalize)
             .and_then(|plan| {
                 let ws = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
-                Ok(Fused { plan, workspace: ws.max(0) as usize, _config: config, _graph: graph.clone() })
+                Ok(Fused { plan, workspace: ws.max(0) as usize, choice, _config: config, _graph: graph.clone() })
             });
         match built {
             Ok(f) => plans.push(f),
@@ -548,10 +598,17 @@ fn fused(key: &FusedKey, x: &Tensor, p: &ConvParams, residual: Option<&Tensor>, 
         Out::Into { .. } => None,
     };
     if !DECIDED.with(|d| d.borrow().contains_key(key)) {
-        let decided = match &mut y {
-            Some(y) => decide(handle, dev, key, x, &ptrs, (&xv, &wv), y)?,
-            // SAFETY: scratch output, written by the timed runs and never read.
-            None => decide(handle, dev, key, x, &ptrs, (&xv, &wv), &mut unsafe { dev.alloc::<f16>(y_len)? })?,
+        let decided = match recall(handle, dev, key) {
+            Some(kept) => kept,
+            None => {
+                let decided = match &mut y {
+                    Some(y) => decide(handle, dev, key, x, &ptrs, (&xv, &wv), y)?,
+                    // SAFETY: scratch output, written by the timed runs and never read.
+                    None => decide(handle, dev, key, x, &ptrs, (&xv, &wv), &mut unsafe { dev.alloc::<f16>(y_len)? })?,
+                };
+                keep(dev, key, decided.as_ref().map(|f| f.choice));
+                decided
+            }
         };
         DECIDED.with(|d| d.borrow_mut().insert(*key, decided));
     }
@@ -686,7 +743,7 @@ fn decide(
         return Ok(None);
     }
     let t0 = Instant::now();
-    let plans = match operation_graph(handle, key).and_then(|g| build_plans(handle, g)) {
+    let plans = match operation_graph(handle, key).and_then(|g| build_plans(handle, g, Configs::First)) {
         Ok(p) => p,
         Err(e) => {
             tracing::debug!(shape = ?key, error = %e, "no fused convolution graph");
@@ -733,4 +790,77 @@ fn decide(
         "fused convolution timed"
     );
     Ok(best.filter(|&(_, t)| t <= unfused).and_then(|(i, _)| plans.into_iter().nth(i)))
+}
+
+/// The fusion caches this process opened (`[tuning] cudnn_fusion_cache`), one per GPU model and
+/// cuDNN version it runs on; `None` after the file could not be read (decisions are then made
+/// anew and not kept).
+static CACHES: std::sync::Mutex<Vec<(fusion_cache::Target, Option<FusionCache>)>> = std::sync::Mutex::new(Vec::new());
+
+/// `f` of the fusion cache for `dev`'s GPU model and this cuDNN, opened on first use; `None`
+/// without a cache file or where it cannot be used.
+fn with_cache<R>(dev: &CudaDevice, f: impl FnOnce(&mut FusionCache) -> R) -> Option<R> {
+    let path = crate::backend::tuning::get().cudnn_fusion_cache.as_ref()?;
+    let device = dev.cuda_stream().context().name().ok()?;
+    let target = fusion_cache::Target { device, cudnn: cudarc::cudnn::result::get_version() as u64 };
+    let mut caches = CACHES.lock().ok()?;
+    let at = match caches.iter().position(|(t, _)| *t == target) {
+        Some(i) => i,
+        None => {
+            let cache = match FusionCache::open(path, target.clone()) {
+                Ok(c) => {
+                    tracing::info!(
+                        path = %path.display(),
+                        device = %target.device,
+                        cudnn = target.cudnn,
+                        decisions = c.len(),
+                        damaged_lines = c.damaged,
+                        other_targets = c.other_targets,
+                        "fusion cache read"
+                    );
+                    Some(c)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "fusion cache unusable; fused convolutions are decided anew and not kept");
+                    None
+                }
+            };
+            caches.push((target, cache));
+            caches.len() - 1
+        }
+    };
+    caches[at].1.as_mut().map(f)
+}
+
+/// The decision a fusion cache kept for `key`: not fused, or the kept plan built again;
+/// `None` where there is none, or the kept plan no longer builds (then it is decided anew).
+fn recall(handle: sys::cudnnHandle_t, dev: &CudaDevice, key: &FusedKey) -> Option<Option<Fused>> {
+    match with_cache(dev, |c| c.get(&key.cached()))?? {
+        None => Some(None),
+        Some(choice) => {
+            let t0 = Instant::now();
+            match operation_graph(handle, key).and_then(|g| build_plans(handle, g, Configs::Kept(choice))) {
+                Ok(mut plans) if plans.len() == 1 => {
+                    tracing::debug!(shape = ?key, ?choice, build_ms = t0.elapsed().as_secs_f64() * 1e3, "fused convolution from the fusion cache");
+                    plans.pop().map(Some)
+                }
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::debug!(shape = ?key, ?choice, error = %e, "the fusion cache's plan did not build; deciding anew");
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Keeps the decision for `key` in the fusion cache, where there is one.
+fn keep(dev: &CudaDevice, key: &FusedKey, fused: Option<Choice>) {
+    match with_cache(dev, |c| c.record(key.cached(), fused)) {
+        Some(Ok(true)) | None => {}
+        Some(Ok(false)) => {
+            tracing::debug!(shape = ?key, "fusion cache full ({} bytes); decision kept in memory only", fusion_cache::MAX_BYTES)
+        }
+        Some(Err(e)) => tracing::warn!(error = %e, "fusion cache not written"),
+    }
 }
