@@ -8,6 +8,10 @@
 //! by the wall clock. Off (one thread-local read per operation) unless enabled on the
 //! calling thread.
 //!
+//! An event recorded while a graph is captured is a node of that graph: it must live as long as
+//! the graph. So no span recorded during a capture is destroyed before [`Profile`] is dropped,
+//! not even one of work that declined to run; drop the graphs captured while profiling first.
+//!
 //! [`DeviceTimer`]: the device's own time of a span of work (CUDA events), beside the host's.
 
 use std::cell::RefCell;
@@ -22,6 +26,31 @@ struct Table {
     /// CUDA: spans recorded and not read yet (read by [`take`], after one synchronisation).
     #[cfg(feature = "cuda")]
     spans: Vec<(String, DeviceTimer)>,
+    /// CUDA: spans of work that declined to run, kept unread: their events may be nodes of a
+    /// graph being captured.
+    #[cfg(feature = "cuda")]
+    declined: Vec<DeviceTimer>,
+}
+
+/// What [`take`] collected: (operation, calls, total ms), slowest first, and the events they
+/// were timed by, which graphs captured while profiling still record: drop those graphs before
+/// this.
+pub struct Profile {
+    ops: Vec<(String, u64, f64)>,
+    _events: Vec<DeviceTimer>,
+}
+
+impl Profile {
+    /// (operation, calls, total ms), slowest first.
+    pub fn ops(&self) -> &[(String, u64, f64)] {
+        &self.ops
+    }
+
+    /// The operations, dropping the events: call it after the graphs captured while profiling
+    /// are dropped.
+    pub fn into_ops(self) -> Vec<(String, u64, f64)> {
+        self.ops
+    }
 }
 
 thread_local! {
@@ -36,16 +65,20 @@ pub fn enable(device: &Device) {
             ops: BTreeMap::new(),
             #[cfg(feature = "cuda")]
             spans: Vec::new(),
+            #[cfg(feature = "cuda")]
+            declined: Vec::new(),
         })
     });
 }
 
-/// Drops the spans recorded and not read yet on this thread (CUDA; nothing on the CPU).
+/// Drops the spans recorded and not read yet on this thread (CUDA; nothing on the CPU), after
+/// their work has run: none may be a node of a graph still captured or kept.
 pub fn forget_spans() {
     #[cfg(feature = "cuda")]
     TABLE.with(|t| {
         if let Some(t) = t.borrow_mut().as_mut() {
             t.spans.clear();
+            t.declined.clear();
         }
     });
 }
@@ -56,11 +89,13 @@ fn add(ops: &mut BTreeMap<String, (u64, f64)>, name: String, ms: f64) {
     e.1 += ms;
 }
 
-/// Stops collecting and returns (operation, calls, total ms), slowest first.
-pub fn take() -> Vec<(String, u64, f64)> {
-    let Some(table) = TABLE.with(|t| t.borrow_mut().take()) else { return Vec::new() };
+/// Stops collecting and returns what was collected.
+pub fn take() -> Profile {
+    let Some(table) = TABLE.with(|t| t.borrow_mut().take()) else { return Profile { ops: Vec::new(), _events: Vec::new() } };
     #[allow(unused_mut)]
     let mut ops = table.ops;
+    #[allow(unused_mut)]
+    let mut events = Vec::new();
     #[cfg(feature = "cuda")]
     {
         let _ = table.device.synchronize();
@@ -70,14 +105,16 @@ pub fn take() -> Vec<(String, u64, f64)> {
                 Ok(Some(ms)) => add(&mut ops, name, ms),
                 _ => unread += 1,
             }
+            events.push(span);
         }
+        events.extend(table.declined);
         if unread > 0 {
             tracing::warn!(unread, "profile: spans whose events could not be read");
         }
     }
     let mut v: Vec<_> = ops.into_iter().map(|(k, (n, ms))| (k, n, ms)).collect();
     v.sort_by(|a, b| b.2.total_cmp(&a.2));
-    v
+    Profile { ops: v, _events: events }
 }
 
 /// Runs `f`, timing it as `name()` when collecting on this thread.
@@ -102,15 +139,20 @@ fn scope_if<T>(
     if dev.is_cuda() {
         let span = DeviceTimer::new(&dev)?;
         span.start()?;
-        let r = f()?;
-        span.mark_stop()?;
-        if keep(&r) {
-            TABLE.with(|t| {
-                if let Some(t) = t.borrow_mut().as_mut() {
+        let r = f();
+        let stopped = span.mark_stop();
+        let kept = stopped.is_ok() && r.as_ref().is_ok_and(keep);
+        TABLE.with(|t| {
+            if let Some(t) = t.borrow_mut().as_mut() {
+                if kept {
                     t.spans.push((name(), span));
+                } else {
+                    t.declined.push(span);
                 }
-            });
-        }
+            }
+        });
+        let r = r?;
+        stopped?;
         return Ok(r);
     }
     dev.synchronize()?;
@@ -230,7 +272,7 @@ mod tests {
     fn collects_only_when_enabled() {
         let x = Tensor::ones((4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
         scope(|| "off".into(), || x.exp()).unwrap();
-        assert!(take().is_empty());
+        assert!(take().ops().is_empty());
         enable(&Device::Cpu);
         for _ in 0..3 {
             scope(|| "exp".into(), || x.exp()).unwrap();
@@ -238,11 +280,11 @@ mod tests {
         scope(|| "sqr".into(), || x.sqr()).unwrap();
         scope_some(|| "declined".into(), || Ok(None::<Tensor>)).unwrap();
         assert!(scope_some(|| "done".into(), || x.exp().map(Some)).unwrap().is_some());
-        let t = take();
+        let t = take().into_ops();
         let names: Vec<(&str, u64)> = t.iter().map(|(n, c, _)| (n.as_str(), *c)).collect();
         assert!(names.contains(&("exp", 3)) && names.contains(&("sqr", 1)) && names.contains(&("done", 1)), "{names:?}");
         assert!(!names.iter().any(|(n, _)| *n == "declined"), "work declined is not recorded: {names:?}");
-        assert!(take().is_empty(), "take() stops collecting");
+        assert!(take().ops().is_empty(), "take() stops collecting");
     }
 
     #[test]

@@ -165,24 +165,33 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
 
 /// One forward pass with per-operation timing (a replay of a graph captured for it where graphs
 /// are on, else an eager pass); prints the table to stderr and appends it to `out/profile.csv`
-/// (model, batch, op, calls, ms, share of the pass).
+/// (model, batch, op, calls, ms, share of the pass). The graphs captured before are dropped,
+/// and so is the one captured here, before the events its nodes record.
 fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Path) -> candle_core::Result<()> {
+    use yolo_edge::backend::profile;
+    det.drop_graphs();
     det.device().synchronize()?;
-    let pass = yolo_edge::backend::profile::DeviceTimer::new(det.device())?;
-    yolo_edge::backend::profile::enable(det.device());
-    if det.replays_graphs() {
-        // the capture records each op's events as nodes of the graph, which every replay
-        // records again: the profile is of the timed replay below
+    let pass = profile::DeviceTimer::new(det.device())?;
+    profile::enable(det.device());
+    let timed = (|| {
+        if det.replays_graphs() {
+            // the capture records each op's events as nodes of the graph, which every replay
+            // records again: the profile is of the timed replay below
+            run_once(det, work)?;
+        }
+        let t0 = Instant::now();
+        pass.start()?;
         run_once(det, work)?;
-    }
-    let t0 = Instant::now();
-    pass.start()?;
-    let r = run_once(det, work);
-    pass.mark_stop()?;
-    let ops = yolo_edge::backend::profile::take();
-    let wall = t0.elapsed().as_secs_f64() * 1e3;
-    let on_device = pass.read()?;
-    r?;
+        pass.mark_stop()?;
+        Ok::<_, candle_core::Error>(t0)
+    })();
+    let profile = profile::take();
+    let wall = timed.as_ref().map_or(0.0, |t0| t0.elapsed().as_secs_f64() * 1e3);
+    let on_device = timed.as_ref().ok().map(|_| pass.read()).transpose();
+    det.drop_graphs();
+    let ops = profile.into_ops();
+    let on_device = on_device?.flatten();
+    timed?;
     let total = on_device.unwrap_or(wall);
     let timed: f64 = ops.iter().map(|o| o.2).sum();
     match on_device {
@@ -341,11 +350,7 @@ fn bench_batch(
             stream = Some(stream_e2e(det, images, batch, iters, a.fit, jpeg_on_device)?);
         }
         if a.profile {
-            // a graph captured with the profile on holds its events, so it is not kept
-            det.drop_graphs();
-            let r = profile_pass(det, &work, name, batch, &a.out);
-            det.drop_graphs();
-            r?;
+            profile_pass(det, &work, name, batch, &a.out)?;
         }
         Ok((t, on_device, peak))
     })();
