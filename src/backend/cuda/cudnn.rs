@@ -12,11 +12,13 @@
 //! accumulation; Winograd and FFT are left out). Grouped convolutions
 //! (the head's depthwise 3x3) are one call, not one per group.
 //!
-//! A plan may run its batch as two halves, each through the half batch's own plan, where the
-//! halves time at least [`SPLIT_MARGIN`](crate::backend::conv::SPLIT_MARGIN) faster
-//! than the whole: cuDNN's kernels for some shapes are far slower at one batch than at half of
-//! it (yolov9t's 24 -> 24 channels at 40x40 took 2.5x longer per picture at batch 32 than at 16
-//! on an H200, which made batch 32 slower than 16 as a whole).
+//! A plan may run its batch as two halves, each as the half batch's own plan runs it (in halves
+//! again where that pays), where the halves time at least
+//! [`SPLIT_MARGIN`](crate::backend::conv::SPLIT_MARGIN) faster than the whole: cuDNN's kernels
+//! for some shapes are far slower at one batch than at half of it (yolov9t's 24 -> 24 channels at
+//! 40x40 took 2.5x longer per picture at batch 32 than at 16 on an H200, which made batch 32
+//! slower than 16 as a whole; yolov9s's 48 -> 48 at 40x40 on an H100: 0.047 ms at 64, 0.138 at
+//! 128, 0.265 at 256).
 //!
 //! Plans live per thread (cuDNN handles are not thread-safe; the agent runs one inference thread
 //! per device). The workspace of each call comes from candle's pool, so the memory planner sees
@@ -405,7 +407,8 @@ pub(super) fn conv_time<T: DeviceRepr>(
     Ok(PLANS.with(|p| p.borrow().get(key).filter(|plan| !plan.split).map(|plan| plan.time)))
 }
 
-/// Device time of `key`'s whole batch in one call and as two calls of the half plan (ms).
+/// Device time of `key`'s whole batch in one call and as two halves, each run as the half plan
+/// runs it (in halves again where that plan splits) (ms).
 fn time_split<T: DeviceRepr>(
     handle: sys::cudnnHandle_t,
     dev: &CudaDevice,
@@ -419,7 +422,7 @@ fn time_split<T: DeviceRepr>(
     let elem = std::mem::size_of::<T>();
     let need = PLANS.with(|p| {
         let p = p.borrow();
-        Some(p.get(key)?.workspace.max(p.get(&half)?.workspace))
+        Some(p.get(key)?.workspace.max(workspace_as_planned(&p, &half)?))
     });
     let need = need.ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
     // SAFETY: uninitialised scratch space for cuDNN.
@@ -431,19 +434,61 @@ fn time_split<T: DeviceRepr>(
     let (dx, dy) = half.bytes(elem);
     PLANS.with(|p| {
         let plans = p.borrow();
-        let (Some(whole_plan), Some(half_plan)) = (plans.get(key), plans.get(&half)) else { candle_core::bail!("cuDNN plan vanished") };
+        let Some(whole_plan) = plans.get(key) else { candle_core::bail!("cuDNN plan vanished") };
         // SAFETY: `x`, `w` and `y` hold `key`'s input, filter and output (the search ran on
         // them), their first and second halves `half`'s; the workspace holds `need` bytes, at
-        // least either plan's need; the guards keep them alive and ordered until `time_runs`
-        // has waited for the runs.
+        // least the whole plan's need and that of every plan the halves run through; the guards
+        // keep them alive and ordered until `time_runs` has waited for the runs.
         let whole = time_runs(&stream, || unsafe { forward(handle, whole_plan, whole_plan.algo, xp, wp, yp, wsp, need) })?;
+        // each half as it runs: in halves again where its own plan splits
         // SAFETY: as above.
         let halves = time_runs(&stream, || unsafe {
-            forward(handle, half_plan, half_plan.algo, xp, wp, yp, wsp, need)?;
-            forward(handle, half_plan, half_plan.algo, xp + dx, wp, yp + dy, wsp, need)
+            forward_as_planned(handle, &plans, &half, (xp, wp, yp), elem, wsp, need)?;
+            forward_as_planned(handle, &plans, &half, (xp + dx, wp, yp + dy), elem, wsp, need)
         })?;
         Ok((whole, halves))
     })
+}
+
+/// The most workspace `key`'s convolution needs as its plan runs it (through the half plans,
+/// recursively, where it splits); `None` where a plan on the way is missing.
+fn workspace_as_planned(plans: &HashMap<Key, Plan>, key: &Key) -> Option<usize> {
+    let plan = plans.get(key)?;
+    match (plan.split, key.half()) {
+        (true, Some(half)) => Some(plan.workspace.max(workspace_as_planned(plans, &half)?)),
+        _ => Some(plan.workspace),
+    }
+}
+
+/// `key`'s convolution as its plan runs it: one call, or the two halves of the batch through the
+/// half plan (recursively) where it splits, all with the workspace at `wsp`.
+///
+/// # Safety
+/// `xp`, `wp` and `yp` are device pointers to `key`'s input, filter and output with elements of
+/// `elem` bytes, and `wsp` to `ws` bytes, at least [`workspace_as_planned`]; all valid until the
+/// work enqueued here has run.
+unsafe fn forward_as_planned(
+    handle: sys::cudnnHandle_t,
+    plans: &HashMap<Key, Plan>,
+    key: &Key,
+    (xp, wp, yp): (u64, u64, u64),
+    elem: usize,
+    wsp: *mut c_void,
+    ws: usize,
+) -> candle_core::Result<()> {
+    let plan = plans.get(key).ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
+    match (plan.split, key.half()) {
+        (true, Some(half)) => {
+            let (dx, dy) = half.bytes(elem);
+            // SAFETY: the halves of the caller's buffers, which hold twice `half`'s elements.
+            unsafe {
+                forward_as_planned(handle, plans, &half, (xp, wp, yp), elem, wsp, ws)?;
+                forward_as_planned(handle, plans, &half, (xp + dx, wp, yp + dy), elem, wsp, ws)
+            }
+        }
+        // SAFETY: the caller's pointers, as this function's contract requires.
+        _ => unsafe { forward(handle, plan, plan.algo, xp, wp, yp, wsp, ws) },
+    }
 }
 
 /// Enqueues `key`'s convolution on `stream`: one cuDNN call, or the two halves of the batch
