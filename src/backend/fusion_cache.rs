@@ -5,10 +5,11 @@
 //! fused graph's first plans (`backend::cuda::cudnn_fused`): about 0.2 s per plan build on an
 //! H100, 20 s for yolov9t's first pass at batch 1 and over a minute for yolov9c. The outcome,
 //! which engine config of cuDNN's heuristics ran fastest or that the shape is not fused, holds
-//! for the same GPU model and cuDNN version, so it is kept here as one JSON line per decision:
+//! for the same GPU model, cuDNN version and yolo-edge version (whose graphs and rules made it),
+//! so it is kept here as one JSON line per decision:
 //!
 //! ```json
-//! {"target":{"device":"NVIDIA H100 80GB HBM3","cudnn":91900},"shape":{...},"fused":{"position":1,"engine":12}}
+//! {"target":{"device":"NVIDIA H100 80GB HBM3","cudnn":91900,"yolo_edge":"0.1.0"},"shape":{...},"fused":{"position":1,"engine":12}}
 //! ```
 //!
 //! The file is read once, on the first decision, at most [`MAX_BYTES`] of it; lines that do not
@@ -32,11 +33,19 @@ use serde::{Deserialize, Serialize};
 pub const MAX_BYTES: u64 = 8 << 20;
 
 /// What a decision holds for: the GPU model and the cuDNN version whose heuristics and kernels
-/// made it.
+/// made it, and the version of yolo-edge whose operation graphs and rules it followed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Target {
     pub device: String,
     pub cudnn: u64,
+    pub yolo_edge: String,
+}
+
+impl Target {
+    /// A decision made by this build of yolo-edge on `device` with cuDNN `cudnn`.
+    pub fn this_build(device: String, cudnn: u64) -> Self {
+        Self { device, cudnn, yolo_edge: env!("CARGO_PKG_VERSION").to_string() }
+    }
 }
 
 /// A fused convolution's shape: input `(N, C, H, W)` and filter `(K, C, R, S)` in cuDNN's order,
@@ -92,7 +101,7 @@ pub struct FusionCache {
     failed: bool,
     /// Lines that did not parse.
     pub damaged: usize,
-    /// Lines of other targets (another GPU model or cuDNN version).
+    /// Lines of other targets (another GPU model, cuDNN or yolo-edge version).
     pub other_targets: usize,
 }
 
@@ -175,7 +184,7 @@ mod tests {
     use super::*;
 
     fn target() -> Target {
-        Target { device: "NVIDIA H100 80GB HBM3".into(), cudnn: 91900 }
+        Target::this_build("NVIDIA H100 80GB HBM3".into(), 91900)
     }
 
     fn shape(n: i32) -> Shape {
@@ -210,13 +219,15 @@ mod tests {
     }
 
     #[test]
-    fn another_gpu_or_cudnn_decides_anew() {
+    fn another_gpu_cudnn_or_yolo_edge_decides_anew() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fusion.jsonl");
         FusionCache::open(&path, target()).unwrap().record(shape(1), None).unwrap();
         let other = FusionCache::open(&path, Target { cudnn: 92000, ..target() }).unwrap();
         assert_eq!((other.len(), other.other_targets), (0, 1));
         let other = FusionCache::open(&path, Target { device: "NVIDIA H200".into(), ..target() }).unwrap();
+        assert_eq!((other.len(), other.other_targets), (0, 1));
+        let other = FusionCache::open(&path, Target { yolo_edge: "0.2.0".into(), ..target() }).unwrap();
         assert_eq!((other.len(), other.other_targets), (0, 1));
     }
 

@@ -46,10 +46,11 @@ pub struct Tuning {
     /// (`backend::cuda::cudnn_fused`): lower latency at small batches, but each new input shape
     /// and batch size first compiles its fused kernels (seconds of start-up per batch size).
     pub cudnn_fusion: bool,
-    /// File that keeps each fused-convolution decision (GPU model, cuDNN version, shape -> the
-    /// engine config that ran fastest, or not fused), so that a restart builds only the kept
-    /// plans instead of timing several per shape (`backend::fusion_cache`); its folder must
-    /// exist. Relative to the agent's config file. Unused while `cudnn_fusion` is off.
+    /// File that keeps each fused-convolution decision (GPU model, cuDNN and yolo-edge
+    /// versions, shape -> the engine config that ran fastest, or not fused), so that a restart
+    /// builds only the kept plans instead of timing several per shape (`backend::fusion_cache`);
+    /// its folder must exist. Relative to the agent's config file. Unused while `cudnn_fusion`
+    /// is off.
     pub cudnn_fusion_cache: Option<PathBuf>,
     /// Threads that pack a batch's pictures into the pinned upload buffer; 0 = the available
     /// cores, at most 8.

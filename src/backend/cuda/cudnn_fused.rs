@@ -155,9 +155,7 @@ impl FusedKey {
         let i = |v: usize| i32::try_from(v).ok();
         Some(Self { conv, act: p.act, residual, x_width: i(x_width)?, y_width: i(y_width)?, y_offset: i(y_offset)? })
     }
-}
 
-impl FusedKey {
     /// The shape as the fusion cache keeps it (without the process's device id).
     fn cached(&self) -> fusion_cache::Shape {
         let k = &self.conv;
@@ -802,7 +800,7 @@ static CACHES: std::sync::Mutex<Vec<(fusion_cache::Target, Option<FusionCache>)>
 fn with_cache<R>(dev: &CudaDevice, f: impl FnOnce(&mut FusionCache) -> R) -> Option<R> {
     let path = crate::backend::tuning::get().cudnn_fusion_cache.as_ref()?;
     let device = dev.cuda_stream().context().name().ok()?;
-    let target = fusion_cache::Target { device, cudnn: cudarc::cudnn::result::get_version() as u64 };
+    let target = fusion_cache::Target::this_build(device, cudarc::cudnn::result::get_version() as u64);
     let mut caches = CACHES.lock().ok()?;
     let at = match caches.iter().position(|(t, _)| *t == target) {
         Some(i) => i,
@@ -813,6 +811,7 @@ fn with_cache<R>(dev: &CudaDevice, f: impl FnOnce(&mut FusionCache) -> R) -> Opt
                         path = %path.display(),
                         device = %target.device,
                         cudnn = target.cudnn,
+                        yolo_edge = %target.yolo_edge,
                         decisions = c.len(),
                         damaged_lines = c.damaged,
                         other_targets = c.other_targets,
