@@ -3,7 +3,8 @@
 //!
 //! With `cudnn_fusion` on, each new convolution shape is decided by building and timing the
 //! fused graph's first plans (`backend::cuda::cudnn_fused`): about 0.2 s per plan build on an
-//! H100, 20 s for yolov9t's first pass at batch 1 and over a minute for yolov9c. The outcome,
+//! H100, 17-20 s for yolov9t's first pass at batch 1 and 22-60 s for yolov9c in a fresh process,
+//! two minutes for the planner's start-up with yolov9t (BENCHMARKS.md, "The fusion cache"). The outcome,
 //! which engine config of cuDNN's heuristics ran fastest or that the shape is not fused, holds
 //! for the same GPU model, cuDNN version and yolo-edge version (whose graphs and rules made it),
 //! so it is kept here as one JSON line per decision:
