@@ -41,12 +41,7 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// (operation, calls, total ms), slowest first.
-    pub fn ops(&self) -> &[(String, u64, f64)] {
-        &self.ops
-    }
-
-    /// The operations, dropping the events: call it after the graphs captured while profiling
+    /// (operation, calls, total ms), slowest first, dropping the events: call it after the graphs captured while profiling
     /// are dropped.
     pub fn into_ops(self) -> Vec<(String, u64, f64)> {
         self.ops
@@ -272,7 +267,7 @@ mod tests {
     fn collects_only_when_enabled() {
         let x = Tensor::ones((4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
         scope(|| "off".into(), || x.exp()).unwrap();
-        assert!(take().ops().is_empty());
+        assert!(take().into_ops().is_empty());
         enable(&Device::Cpu);
         for _ in 0..3 {
             scope(|| "exp".into(), || x.exp()).unwrap();
@@ -284,7 +279,7 @@ mod tests {
         let names: Vec<(&str, u64)> = t.iter().map(|(n, c, _)| (n.as_str(), *c)).collect();
         assert!(names.contains(&("exp", 3)) && names.contains(&("sqr", 1)) && names.contains(&("done", 1)), "{names:?}");
         assert!(!names.iter().any(|(n, _)| *n == "declined"), "work declined is not recorded: {names:?}");
-        assert!(take().ops().is_empty(), "take() stops collecting");
+        assert!(take().into_ops().is_empty(), "take() stops collecting");
     }
 
     #[test]

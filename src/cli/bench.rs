@@ -187,11 +187,14 @@ fn profile_pass(det: &Detector, work: &Work, name: &str, batch: usize, out: &Pat
     })();
     let profile = profile::take();
     let wall = timed.as_ref().map_or(0.0, |t0| t0.elapsed().as_secs_f64() * 1e3);
-    let on_device = timed.as_ref().ok().map(|_| pass.read()).transpose();
+    let on_device = match &timed {
+        Ok(_) => pass.read(),
+        Err(_) => Ok(None),
+    };
     det.drop_graphs();
     let ops = profile.into_ops();
-    let on_device = on_device?.flatten();
     timed?;
+    let on_device = on_device?;
     let total = on_device.unwrap_or(wall);
     let timed: f64 = ops.iter().map(|o| o.2).sum();
     match on_device {

@@ -450,12 +450,13 @@ fn time_split<T: DeviceRepr>(
     })
 }
 
-/// The most workspace `key`'s convolution needs as its plan runs it (through the half plans,
-/// recursively, where it splits); `None` where a plan on the way is missing.
+/// The workspace `key`'s convolution needs as its plan runs it: its algorithm's, or where it
+/// splits, that of the half plan as it runs (recursively); `None` where a plan on the way is
+/// missing.
 fn workspace_as_planned(plans: &HashMap<Key, Plan>, key: &Key) -> Option<usize> {
     let plan = plans.get(key)?;
     match (plan.split, key.half()) {
-        (true, Some(half)) => Some(plan.workspace.max(workspace_as_planned(plans, &half)?)),
+        (true, Some(half)) => workspace_as_planned(plans, &half),
         _ => Some(plan.workspace),
     }
 }
@@ -491,8 +492,8 @@ unsafe fn forward_as_planned(
     }
 }
 
-/// Enqueues `key`'s convolution on `stream`: one cuDNN call, or the two halves of the batch
-/// through the half plan (recursively) where the plan splits.
+/// Enqueues `key`'s convolution on `stream` as its plan runs it ([`forward_as_planned`]), with
+/// one workspace from the pool for all its calls.
 ///
 /// # Safety
 /// `xp`, `wp` and `yp` must be device pointers to `key`'s input, filter and output, with elements
@@ -508,46 +509,17 @@ unsafe fn enqueue(
     yp: u64,
     elem: usize,
 ) -> candle_core::Result<()> {
-    let split = PLANS.with(|p| p.borrow().get(key).map(|plan| plan.split));
-    match (split, key.half()) {
-        (None, _) => candle_core::bail!("cuDNN plan vanished"),
-        (Some(true), Some(half)) => {
-            let (dx, dy) = half.bytes(elem);
-            // SAFETY: the halves of the caller's buffers, which hold twice `half`'s elements.
-            unsafe {
-                enqueue(handle, dev, stream, &half, xp, wp, yp, elem)?;
-                enqueue(handle, dev, stream, &half, xp + dx, wp, yp + dy, elem)
-            }
-        }
-        // SAFETY: the caller's pointers, as this function's contract requires.
-        _ => unsafe { enqueue_one(handle, dev, stream, key, xp, wp, yp) },
-    }
-}
-
-/// One cuDNN call for `key`'s whole batch with its plan's algorithm.
-///
-/// # Safety
-/// As [`enqueue`].
-unsafe fn enqueue_one(
-    handle: sys::cudnnHandle_t,
-    dev: &CudaDevice,
-    stream: &CudaStream,
-    key: &Key,
-    xp: u64,
-    wp: u64,
-    yp: u64,
-) -> candle_core::Result<()> {
     PLANS.with(|p| -> candle_core::Result<()> {
         let plans = p.borrow();
-        let plan = plans.get(key).ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
+        let need = workspace_as_planned(&plans, key).ok_or_else(|| candle_core::Error::Msg("cuDNN plan vanished".into()))?;
         // SAFETY: uninitialised scratch space for cuDNN.
-        let mut ws = if plan.workspace > 0 { Some(unsafe { dev.alloc::<u8>(plan.workspace)? }) } else { None };
+        let mut ws = if need > 0 { Some(unsafe { dev.alloc::<u8>(need)? }) } else { None };
         let (wsp, _gws) = scratch_ptr(&mut ws, stream);
-        // SAFETY: the plan's descriptors describe exactly these buffers (the key holds their
-        // shapes and dtype, checked when the plan was made; the caller vouches for the
-        // pointers); the workspace is at least the algorithm's need and stays alive and ordered
-        // on `stream` through `_gws`.
-        unsafe { forward(handle, plan, plan.algo, xp, wp, yp, wsp, plan.workspace) }
+        // SAFETY: the plans' descriptors describe exactly these buffers and their halves (the
+        // keys hold their shapes and dtype, checked when the plans were made; the caller vouches
+        // for the pointers); the workspace is `need` bytes and stays alive and ordered on
+        // `stream` through `_gws`.
+        unsafe { forward_as_planned(handle, &plans, key, (xp, wp, yp), elem, wsp, need) }
     })
 }
 
