@@ -91,7 +91,7 @@ impl fmt::Display for ByteSize {
         for (size, name) in UNITS {
             if self.0 >= size {
                 let v = self.0 as f64 / size as f64;
-                return if self.0 % size == 0 { write!(f, "{}{name}", self.0 / size) } else { write!(f, "{v:.2}{name}") };
+                return if self.0.is_multiple_of(size) { write!(f, "{}{name}", self.0 / size) } else { write!(f, "{v:.2}{name}") };
             }
         }
         write!(f, "{}B", self.0)

@@ -41,7 +41,7 @@ pub use conv::{conv2d, cudnn_takes};
 /// The model's fused f32 convolution on the CPU (im2col + packed GEMM + bias/SiLU/residual).
 pub use cpu::conv::conv2d as cpu_fused_conv2d;
 pub use cpu::head::{decode as cpu_head_decode, Level as CpuHeadLevel};
-pub use cpu::kernel::PackedWeights;
+pub use cpu::kernel::{name as cpu_kernel_name, PackedWeights};
 pub use cpu::pool::{avg_2x2_s1 as cpu_avg_pool_2x2_s1, max_padded as cpu_max_pool_padded};
 /// `f` of the values of f32 CPU tensors, for the CPU kernels above.
 pub use cpu::{is_cpu_f32, with_f32 as with_cpu_f32};

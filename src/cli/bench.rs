@@ -385,7 +385,7 @@ fn bench_batch(
 
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     a.tuning.install()?;
-    anyhow::ensure!(a.imgsz > 0 && a.imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
+    anyhow::ensure!(a.imgsz > 0 && a.imgsz.is_multiple_of(32), "--imgsz must be a positive multiple of 32");
     if let Some((w, h)) = a.input {
         anyhow::ensure!(w.max(h) <= a.imgsz, "--input {w}x{h} is larger than --imgsz {}", a.imgsz);
     }
@@ -404,21 +404,23 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let meter = PeakMeter::new(&dev);
     let mem0 = devmem::device_memory(&dev)?;
+    let cpu_kernel = dev.is_cpu().then(yolo_edge::backend::cpu_kernel_name);
     eprintln!(
-        "device {} free {:.0} MiB of {:.0} MiB ({:?}, bound by {}); compute cache {:?}",
+        "device {} free {:.0} MiB of {:.0} MiB ({:?}, bound by {}); compute cache {:?}{}",
         device::device_name(&dev),
         mem0.free as f64 / 1048576.0,
         mem0.total as f64 / 1048576.0,
         mem0.source,
         mem0.limit,
-        cache
+        cache,
+        cpu_kernel.map(|k| format!("; convolution kernel {k}")).unwrap_or_default()
     );
     let mut rows = Vec::new();
     let mut starts = Vec::new();
     // bench.csv and bench.json after every row: a run cut short keeps the rows already done
     let write_rows = |rows: &[Row], starts: &[serde_json::Value]| -> anyhow::Result<()> {
         report::write(&a.out.join("bench.csv"), &report::csv(rows))?;
-        let json = serde_json::json!({"device": device::device_name(&dev), "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});
+        let json = serde_json::json!({"device": device::device_name(&dev), "cpu_kernel": cpu_kernel, "memory_at_start": mem0, "imgsz": a.imgsz, "startup": starts, "rows": rows});
         report::write(&a.out.join("bench.json"), &serde_json::to_string_pretty(&json)?)?;
         Ok(())
     };

@@ -229,7 +229,7 @@ fn soak(
 
 pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     a.tuning.install()?;
-    anyhow::ensure!(a.imgsz > 0 && a.imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
+    anyhow::ensure!(a.imgsz > 0 && a.imgsz.is_multiple_of(32), "--imgsz must be a positive multiple of 32");
     let cfg = PlannerConfig {
         memory_limit: a.memory_limit.map(|b| b.0),
         memory_fraction: a.memory_fraction,

@@ -194,7 +194,7 @@ impl Detector {
         let ck = Checkpoint::load(path)?;
         let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(device.clone(), dtype))?;
         let imgsz = imgsz.unwrap_or(model.info().imgsz);
-        if imgsz == 0 || imgsz % 32 != 0 {
+        if imgsz == 0 || !imgsz.is_multiple_of(32) {
             return Err(ModelError::Architecture(format!("imgsz {imgsz} is not a positive multiple of 32")));
         }
         Ok(Self::from_model(model, imgsz))

@@ -225,7 +225,7 @@ pub fn parse_labels(text: &str, nc: Option<usize>) -> Result<Vec<Label>, LabelEr
         if vals.is_empty() {
             continue;
         }
-        if vals.len() != 5 && (vals.len() < 7 || vals.len() % 2 == 0) {
+        if vals.len() != 5 && (vals.len() < 7 || vals.len().is_multiple_of(2)) {
             return Err(err(format!("{} values: expected `class cx cy w h` or `class x1 y1 x2 y2 x3 y3 ...`", vals.len())));
         }
         if vals.iter().any(|v| !v.is_finite()) {

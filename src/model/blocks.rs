@@ -55,7 +55,7 @@ struct Calib {
 fn conv_weight(vb: &Vb, name: &str, c1: usize, c2: usize, k: usize) -> Result<(Tensor, usize), ModelError> {
     let shape = vb.shape_of(name).unwrap_or_default();
     let groups = match shape.as_slice() {
-        [o, i, kh, kw] if *o == c2 && *kh == k && *kw == k && *i > 0 && c1 % *i == 0 => c1 / *i,
+        [o, i, kh, kw] if *o == c2 && *kh == k && *kw == k && *i > 0 && c1.is_multiple_of(*i) => c1 / *i,
         _ => 1,
     };
     let w = vb.get(name, &[c2, c1 / groups, k, k])?;

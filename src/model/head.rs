@@ -90,7 +90,7 @@ impl Detect {
         }
         .map(|s| s[0])
         .unwrap_or(0);
-        if c2 == 0 || reg4 == 0 || reg4 % 4 != 0 || nc == 0 || c3 == 0 {
+        if c2 == 0 || reg4 == 0 || !reg4.is_multiple_of(4) || nc == 0 || c3 == 0 {
             return Err(ModelError::Architecture(format!(
                 "detection head `{}` is incomplete (cv2/cv3 tensors missing or malformed)",
                 vb.name("")

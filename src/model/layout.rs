@@ -112,7 +112,7 @@ impl Lay {
             Lay::Nchw => x.upsample_nearest2d(h, w),
             Lay::Nhwc => {
                 let (n, ih, iw, c) = x.dims4()?;
-                if ih == 0 || iw == 0 || h % ih != 0 || w % iw != 0 {
+                if ih == 0 || iw == 0 || !h.is_multiple_of(ih) || !w.is_multiple_of(iw) {
                     candle_core::bail!("NHWC upsample from {ih}x{iw} to {h}x{w}: not an integer factor");
                 }
                 let (fh, fw) = (h / ih, w / iw);

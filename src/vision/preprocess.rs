@@ -434,7 +434,7 @@ mod tests {
         assert_eq!((g.in_h, g.new_h, g.top), (384, 382, 1));
         for (w, h) in [(1280, 720), (773, 1031), (1000, 597), (333, 333), (50, 900)] {
             let g = LetterboxGeometry::fit(w, h, 640, Fit::Rect);
-            assert!(g.in_w % STRIDE == 0 && g.in_h % STRIDE == 0 && g.in_w.max(g.in_h) == 640, "{g:?}");
+            assert!(g.in_w.is_multiple_of(STRIDE) && g.in_h.is_multiple_of(STRIDE) && g.in_w.max(g.in_h) == 640, "{g:?}");
             let b = g.unletterbox([g.left as f32, g.top as f32, (g.left + g.new_w) as f32, (g.top + g.new_h) as f32]);
             for (v, e) in b.iter().zip([0.0, 0.0, w as f32, h as f32]) {
                 assert!((v - e).abs() < 1e-3, "{w}x{h}: {b:?}");

@@ -431,7 +431,7 @@ impl<'a> Machine<'a> {
         self.made(Value::list(items), d)
     }
     fn new_dict(&mut self, flat: Vec<Value>) -> Result<Value, PickleError> {
-        if flat.len() % 2 != 0 {
+        if !flat.len().is_multiple_of(2) {
             return self.bad("odd number of dict items");
         }
         let d = self.max_depth(&flat);
@@ -840,7 +840,7 @@ impl<'a> Machine<'a> {
     }
 
     fn setitems(&mut self, kv: Vec<Value>) -> Result<(), PickleError> {
-        if kv.len() % 2 != 0 {
+        if !kv.len().is_multiple_of(2) {
             return self.bad("odd number of dict items");
         }
         let top = self.top()?;

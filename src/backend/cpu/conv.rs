@@ -319,7 +319,7 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
 /// One tile through the packed-weight kernel: output pixels `p0..p1` of one picture, all
 /// channels. im2col (also for 1x1: the panels are the kernel's contiguous layout) of every
 /// input part into this thread's scratch, then `KC`-deep passes of the kernel over
-/// (pixel panel x channel block), the epilogue fused into the last pass's stores.
+/// (pixel panels x channel block), the epilogue fused into the last pass's stores.
 #[allow(clippy::too_many_arguments)]
 fn conv_tile_packed(
     parts: &[(&[f32], usize)],
@@ -343,12 +343,15 @@ fn conv_tile_packed(
             }
             k_base += c * kk;
         }
+        let step = cpukernel::panels_per_block();
         for k0 in (0..kdim).step_by(KC) {
             let kc = KC.min(kdim - k0);
-            for j in 0..panels {
+            for j in (0..panels).step_by(step) {
                 let q = p0 + j * NR;
-                let nv = NR.min(p1 - q);
-                let b = &cols[j * kdim * NR + k0 * NR..j * kdim * NR + (k0 + kc) * NR];
+                let nv = (step * NR).min(p1 - q);
+                let panel = |j: usize| &cols[j * kdim * NR + k0 * NR..j * kdim * NR + (k0 + kc) * NR];
+                let pair = [panel(j), if nv > NR { panel(j + 1) } else { &[] }];
+                let b = &pair[..nv.div_ceil(NR)];
                 for cb in 0..pw.blocks() {
                     let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
                     // the last pass adds bias, SiLU and residual before storing
@@ -366,11 +369,12 @@ fn conv_tile_packed(
 }
 
 /// Pixels per tile of the packed path: im2col panels of about 256 KiB (half of L2), a whole
-/// number of panels, and at least two tiles per thread over the batch.
-fn tile_pixels(kdim: usize, n: usize, b: usize, threads: usize) -> usize {
+/// number of kernel blocks (`NR` pixels a panel, `panels` panels a block), and at least two tiles
+/// per thread over the batch.
+fn tile_pixels(kdim: usize, n: usize, b: usize, threads: usize, panels: usize) -> usize {
     let mut per_pic = n.div_ceil(((1usize << 16) / kdim).clamp(NR, 4096));
     per_pic = per_pic.max((2 * threads).div_ceil(b));
-    (n.div_ceil(per_pic)).div_ceil(NR) * NR
+    (n.div_ceil(per_pic)).div_ceil(panels * NR) * panels * NR
 }
 
 /// Output rows per tile: im2col columns of about 512 KiB (L2), but at least two tiles per thread.
@@ -388,7 +392,7 @@ fn tile_rows(g: &Geom, b: usize, threads: usize) -> usize {
 /// `act(conv2d(cat(inputs, 1), weight) + bias) (+ residual)` for f32 CPU tensors, groups 1,
 /// NCHW. Several inputs (a channel concatenation) only for 1x1 stride-1 unpadded convolutions.
 /// `weight` is `(CO, CI, k, k)`, `bias` `(CO)`, `residual` (if any) shaped like the output.
-/// With `packed` (the same weight, packed at load time) and an AVX2 CPU, the convolution runs on
+/// With `packed` (the same weight, packed at load time) and an AVX2 or AVX-512 CPU, the convolution runs on
 /// the packed-weight kernel ([`cpukernel`]), else on the `gemm` crate.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d(
@@ -464,7 +468,7 @@ pub fn conv2d(
     match packed {
         Some(pw) if cpukernel::available() => {
             let n = g.oh * g.ow;
-            let nb = tile_pixels(pw.kdim, n, b, threads);
+            let nb = tile_pixels(pw.kdim, n, b, threads, cpukernel::panels_per_block());
             let tiles = n.div_ceil(nb);
             run_tiles(b * tiles, &|j: usize| {
                 let (i, t) = (j / tiles, j % tiles);

@@ -1,14 +1,16 @@
-//! The f32 GEMM micro-kernel of the CPU convolution (AVX2 + FMA, chosen at run time) and the
-//! layouts it reads:
+//! The f32 GEMM micro-kernels of the CPU convolution (AVX-512, else AVX2 + FMA, chosen at run
+//! time) and the layouts they read:
 //! - weights packed once at load time ([`PackedWeights`]): blocks of [`MR`] output channels,
 //!   each stored `k`-major (`MR` values per `k`), zero rows padding the last block, so the
 //!   per-call weight re-packing of a generic GEMM disappears;
 //! - the im2col columns of a tile, written straight in panels of [`NR`] pixels (`NR` values per
-//!   `k`) by `cpuconv`, so the kernel reads both operands contiguously.
+//!   `k`) by `cpuconv`, so the kernels read both operands contiguously.
 //!
-//! The kernel computes an `MR x NR` block of the NCHW output (`MR` channels, `NR` consecutive
-//! pixels) in 12 AVX registers; the last block of a layer with fewer channels runs a 4- or
-//! 2-row variant.
+//! A call computes `MR` channels of the NCHW output over [`panels_per_block`] panels: the AVX2
+//! kernel one panel (`MR x NR` in 12 ymm registers; the last block of a layer with fewer
+//! channels runs a 4- or 2-row variant), the AVX-512 kernel two (`MR x 2NR` in 12 zmm
+//! registers, twice the multiply-adds per instruction; masked loads and stores for a partial
+//! block).
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -65,20 +67,60 @@ impl PackedWeights {
     }
 }
 
-/// Whether this CPU runs the AVX2 kernel.
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+/// The instruction sets the kernels are written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub enum Isa {
+    /// AVX2 + FMA: `MR x NR` per call.
+    Avx2,
+    /// AVX-512 (foundation), with AVX2 + FMA as every such CPU has: `MR x 2NR` per call.
+    Avx512,
+}
+
+impl Isa {
+    /// The widest kernel this CPU runs, `None` where it has neither (the `gemm` crate's path).
+    pub fn detect() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+                return Some(if avx512 { Isa::Avx512 } else { Isa::Avx2 });
+            }
+        }
+        None
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// Pixel panels one call of this kernel covers.
+    pub fn panels(self) -> usize {
+        match self {
+            Isa::Avx2 => 1,
+            Isa::Avx512 => 2,
+        }
     }
 }
 
+/// Whether this CPU runs one of the kernels (so it has AVX2 and FMA at least).
+pub fn available() -> bool {
+    Isa::detect().is_some()
+}
+
+/// The convolution kernel this CPU runs, as `bench` reports it: `avx512`, `avx2`, or `gemm` (the
+/// `gemm` crate, where neither runs).
+pub fn name() -> &'static str {
+    match Isa::detect() {
+        Some(Isa::Avx512) => "avx512",
+        Some(Isa::Avx2) => "avx2",
+        None => "gemm",
+    }
+}
+
+/// Pixel panels one [`block`] call covers on this CPU (1 where no kernel runs).
+pub fn panels_per_block() -> usize {
+    Isa::detect().map_or(1, Isa::panels)
+}
+
 /// What the last reduction pass applies before storing: `act(v + bias[i]) (+ res[i * ldc + j])`
-/// (`res` laid out like the output block). Read by the AVX2 kernel only.
+/// (`res` laid out like the output block). Read by the x86 kernels only.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct Epilogue {
@@ -123,6 +165,26 @@ unsafe fn silu8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), s(1.0));
     let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23));
     _mm256_div_ps(v, _mm256_add_ps(s(1.0), _mm256_mul_ps(y, pow2)))
+}
+
+/// [`silu`] on 16 lanes (the same operations as [`silu8`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn silu16(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let s = _mm512_set1_ps;
+    let x = _mm512_max_ps(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), v), s(88.0)), s(-87.0));
+    let fx = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(x, s(std::f32::consts::LOG2_E), s(0.5)));
+    let r = _mm512_fnmadd_ps(fx, s(-2.121_944_4e-4), _mm512_fnmadd_ps(fx, s(0.693_359_4), x));
+    let mut y = _mm512_fmadd_ps(s(1.987_569_2e-4), r, s(1.398_2e-3));
+    y = _mm512_fmadd_ps(y, r, s(8.333_452e-3));
+    y = _mm512_fmadd_ps(y, r, s(4.166_579_6e-2));
+    y = _mm512_fmadd_ps(y, r, s(1.666_666_5e-1));
+    y = _mm512_fmadd_ps(y, r, s(0.5));
+    y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), s(1.0));
+    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127))));
+    _mm512_div_ps(v, _mm512_add_ps(s(1.0), _mm512_mul_ps(y, pow2)))
 }
 
 /// `c[i * ldc + j] (+)= sum_k a[k * MR + i] * b[k * NR + j]` for `i < M` (`M <= MR`), `j < NR`:
@@ -172,6 +234,101 @@ unsafe fn kernel<const M: usize>(
                 }
                 _mm256_storeu_ps(p, v);
             }
+        }
+    }
+}
+
+/// `c[i * ldc + j] (+)= sum_k a[k * MR + i] * b[j / NR][k * NR + j % NR]` for `i < M`,
+/// `j < n` (`(P - 1) * NR < n <= P * NR`): `M x P` accumulators of 16 lanes, `P` loads of `b` and
+/// `M` broadcasts of `a` per `k`; the columns past `n` are masked off (neither read nor written).
+///
+/// # Safety
+/// AVX-512F must be available; `a` holds `kc * MR` values, each `b[p]` `kc * NR`, and `c` is
+/// writable at `i * ldc + j` for `i < M`, `j < n` (as the epilogue's residual is readable).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel512<const M: usize, const P: usize>(
+    kc: usize,
+    a: *const f32,
+    b: [*const f32; P],
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    n: usize,
+    epi: Option<Epilogue>,
+) {
+    // SAFETY: the caller guarantees AVX-512F and the extents of `a`, `b`, `c` and the epilogue
+    // pointers (see # Safety); every unmasked offset below stays inside them, and a masked-off
+    // lane is never accessed.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm512_setzero_ps(); P]; M];
+        for k in 0..kc {
+            let bv: [__m512; P] = std::array::from_fn(|p| _mm512_loadu_ps(b[p].add(k * NR)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(k * MR + i));
+                for (r, bp) in row.iter_mut().zip(&bv) {
+                    *r = _mm512_fmadd_ps(av, *bp, *r);
+                }
+            }
+        }
+        for p in 0..P {
+            let cols = n.saturating_sub(p * NR).min(NR);
+            let mask: __mmask16 = if cols == NR { u16::MAX } else { (1u16 << cols) - 1 };
+            for (i, row) in acc.iter().enumerate() {
+                let at = i * ldc + p * NR;
+                let mut v = if accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c.add(at)), row[p]) } else { row[p] };
+                if let Some(e) = epi {
+                    v = _mm512_add_ps(v, _mm512_set1_ps(*e.bias.add(i)));
+                    if e.act {
+                        v = silu16(v);
+                    }
+                    if let Some(r) = e.res {
+                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, r.add(at)));
+                    }
+                }
+                _mm512_mask_storeu_ps(c.add(at), mask, v);
+            }
+        }
+    }
+}
+
+/// [`kernel512`] for `m` rows (`1..=MR`) over the panels `b` (1 or 2 of them).
+///
+/// # Safety
+/// As [`block`], with AVX-512F available.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dispatch512(
+    kc: usize,
+    a: *const f32,
+    b: &[&[f32]],
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    m: usize,
+    n: usize,
+    epi: Option<Epilogue>,
+) {
+    macro_rules! rows {
+        ($p:literal, $b:expr) => {
+            match m {
+                6 => kernel512::<6, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
+                5 => kernel512::<5, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
+                4 => kernel512::<4, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
+                3 => kernel512::<3, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
+                2 => kernel512::<2, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
+                _ => kernel512::<1, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
+            }
+        };
+    }
+    // SAFETY: forwarded from the caller; the panel count matches `n` (asserted by `block`).
+    unsafe {
+        match b {
+            [b0] => rows!(1, [b0.as_ptr()]),
+            [b0, b1, ..] => rows!(2, [b0.as_ptr(), b1.as_ptr()]),
+            [] => {}
         }
     }
 }
@@ -227,25 +384,70 @@ unsafe fn dispatch(
     }
 }
 
-/// One `m x n` block (`1 <= m <= MR`, `n <= NR`) of `c (+)= a * b` over `kc` reduction rows,
-/// then `epi` (on the last pass) before the store.
+/// One `m x n` block (`1 <= m <= MR`, `n <= b.len() * NR`) of `c (+)= a * b` over `kc`
+/// reduction rows, then `epi` (on the last pass) before the store. `b` is the pixel panels the
+/// block covers, at most [`panels_per_block`] of them, and no more than `n` needs.
 ///
 /// # Safety
-/// [`available`] must be true; `a` holds `kc * MR` values, `b` `kc * NR`, `c` is writable at
-/// `i * ldc + j` for `i < m`, `j < n`, `epi`'s bias readable at `i < m` and its residual at
-/// `i * ldc + j`.
+/// [`available`] must be true; `a` holds `kc * MR` values, each `b[p]` `kc * NR`, `c` is
+/// writable at `i * ldc + j` for `i < m`, `j < n`, `epi`'s bias readable at `i < m` and its
+/// residual at `i * ldc + j`.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn block(kc: usize, a: &[f32], b: &[f32], c: *mut f32, ldc: usize, accumulate: bool, m: usize, n: usize, epi: Option<Epilogue>) {
-    debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR && (1..=MR).contains(&m) && n <= NR);
+pub unsafe fn block(
+    kc: usize,
+    a: &[f32],
+    b: &[&[f32]],
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    m: usize,
+    n: usize,
+    epi: Option<Epilogue>,
+) {
+    let Some(isa) = Isa::detect() else { unreachable!("cpukernel::block without a kernel for this CPU") };
+    // SAFETY: forwarded from the caller (see # Safety); `isa` is what this CPU runs.
+    unsafe { block_with(isa, kc, a, b, c, ldc, accumulate, m, n, epi) }
+}
+
+/// [`block`] on the kernel for `isa`, which this CPU must run.
+///
+/// # Safety
+/// As [`block`], with `isa` supported by this CPU and `b.len() <= isa.panels()`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_with(
+    isa: Isa,
+    kc: usize,
+    a: &[f32],
+    b: &[&[f32]],
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    m: usize,
+    n: usize,
+    epi: Option<Epilogue>,
+) {
+    assert!(
+        a.len() >= kc * MR
+            && (1..=isa.panels()).contains(&b.len())
+            && b.iter().all(|p| p.len() >= kc * NR)
+            && (1..=MR).contains(&m)
+            && (b.len() - 1) * NR < n
+            && n <= b.len() * NR,
+        "cpukernel: block {m}x{n} over {} panels of kc {kc}",
+        b.len()
+    );
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: forwarded from the caller (see # Safety).
+    // SAFETY: forwarded from the caller (see # Safety); the operand extents are asserted above.
     unsafe {
-        dispatch(kc, a.as_ptr(), b.as_ptr(), c, ldc, accumulate, m, n, epi)
+        match isa {
+            Isa::Avx512 => dispatch512(kc, a.as_ptr(), b, c, ldc, accumulate, m, n, epi),
+            Isa::Avx2 => dispatch(kc, a.as_ptr(), b[0].as_ptr(), c, ldc, accumulate, m, n, epi),
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (kc, a, b, c, ldc, accumulate, m, n, epi);
-        unreachable!("cpukernel::block without AVX2")
+        let _ = (isa, kc, a, b, c, ldc, accumulate, m, n, epi);
+        unreachable!("cpukernel::block without a kernel for this CPU")
     }
 }
 
@@ -253,28 +455,53 @@ pub unsafe fn block(kc: usize, a: &[f32], b: &[f32], c: *mut f32, ldc: usize, ac
 mod tests {
     use super::*;
 
+    /// The kernels this CPU runs (both on an AVX-512 machine, so each is checked).
+    fn isas() -> Vec<Isa> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                v.push(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+
+    /// The block shapes `(m, n)` a kernel takes: whole and partial in both directions.
+    fn shapes(isa: Isa) -> Vec<(usize, usize)> {
+        let mut v = vec![(MR, NR), (5, NR), (4, NR), (3, 9), (2, NR), (MR, 7), (1, 1)];
+        if isa.panels() == 2 {
+            v.extend([(MR, 2 * NR), (1, 2 * NR), (5, NR + 1), (3, 27), (MR, 31)]);
+        }
+        v
+    }
+
     #[test]
     fn block_matches_naive() {
-        if !available() {
-            return;
-        }
         let kc = 37;
         let a: Vec<f32> = (0..kc * MR).map(|i| (i % 7) as f32 - 3.0).collect();
-        let b: Vec<f32> = (0..kc * NR).map(|i| (i % 5) as f32 * 0.5).collect();
-        for (m, n) in [(MR, NR), (5, NR), (4, NR), (3, 9), (2, NR), (MR, 7), (1, 1)] {
-            for acc in [false, true] {
-                let ldc = 30;
-                let mut c = vec![1f32; MR * ldc];
-                // SAFETY: AVX2 checked above; c has MR rows of ldc >= NR values.
-                unsafe { block(kc, &a, &b, c.as_mut_ptr(), ldc, acc, m, n, None) };
-                for i in 0..MR {
-                    for j in 0..ldc {
-                        let want = if i < m && j < n {
-                            (0..kc).map(|k| a[k * MR + i] * b[k * NR + j]).sum::<f32>() + if acc { 1.0 } else { 0.0 }
-                        } else {
-                            1.0
-                        };
-                        assert_eq!(c[i * ldc + j], want, "m{m} n{n} acc{acc} at {i},{j}");
+        let panels: Vec<Vec<f32>> = (0..2).map(|p| (0..kc * NR).map(|i| ((i + 3 * p) % 5) as f32 * 0.5).collect()).collect();
+        let bv = |k: usize, j: usize| panels[j / NR][k * NR + j % NR];
+        for isa in isas() {
+            for (m, n) in shapes(isa) {
+                let b: Vec<&[f32]> = panels.iter().take(n.div_ceil(NR)).map(Vec::as_slice).collect();
+                for acc in [false, true] {
+                    let ldc = 40;
+                    let mut c = vec![1f32; MR * ldc];
+                    // SAFETY: the CPU runs `isa`; c has MR rows of ldc >= n values.
+                    unsafe { block_with(isa, kc, &a, &b, c.as_mut_ptr(), ldc, acc, m, n, None) };
+                    for i in 0..MR {
+                        for j in 0..ldc {
+                            let want = if i < m && j < n {
+                                (0..kc).map(|k| a[k * MR + i] * bv(k, j)).sum::<f32>() + if acc { 1.0 } else { 0.0 }
+                            } else {
+                                1.0
+                            };
+                            assert_eq!(c[i * ldc + j], want, "{isa:?} m{m} n{n} acc{acc} at {i},{j}");
+                        }
                     }
                 }
             }
@@ -283,27 +510,35 @@ mod tests {
 
     #[test]
     fn epilogue_matches_scalar() {
-        if !available() {
-            return;
-        }
         let kc = 5;
         let a: Vec<f32> = (0..kc * MR).map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.5).collect();
-        let b: Vec<f32> = (0..kc * NR).map(|i| ((i * 13) % 7) as f32 * 0.9 - 2.0).collect();
+        let panels: Vec<Vec<f32>> = (0..2).map(|p| (0..kc * NR).map(|i| ((i * 13 + p) % 7) as f32 * 0.9 - 2.0).collect()).collect();
+        let bv = |k: usize, j: usize| panels[j / NR][k * NR + j % NR];
         let bias: Vec<f32> = (0..MR).map(|i| i as f32 - 2.5).collect();
-        let ldc = 20;
+        let ldc = 36;
         let res: Vec<f32> = (0..MR * ldc).map(|i| (i % 9) as f32 * 0.25).collect();
-        for (m, n) in [(MR, NR), (4, NR), (5, 11)] {
-            for act in [false, true] {
-                let mut c = vec![0.5f32; MR * ldc];
-                let epi = Epilogue { bias: bias.as_ptr(), act, res: Some(res.as_ptr()) };
-                // SAFETY: AVX2 checked above; c and res have MR rows of ldc >= NR values.
-                unsafe { block(kc, &a, &b, c.as_mut_ptr(), ldc, true, m, n, Some(epi)) };
-                for i in 0..m {
-                    for j in 0..n {
-                        let v = (0..kc).map(|k| a[k * MR + i] * b[k * NR + j]).sum::<f32>() + 0.5 + bias[i];
-                        let want = if act { silu(v) } else { v } + res[i * ldc + j];
-                        let got = c[i * ldc + j];
-                        assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "m{m} n{n} act{act} at {i},{j}: {got} vs {want}");
+        for isa in isas() {
+            for (m, n) in shapes(isa) {
+                let b: Vec<&[f32]> = panels.iter().take(n.div_ceil(NR)).map(Vec::as_slice).collect();
+                for act in [false, true] {
+                    let mut c = vec![0.5f32; MR * ldc];
+                    let epi = Epilogue { bias: bias.as_ptr(), act, res: Some(res.as_ptr()) };
+                    // SAFETY: the CPU runs `isa`; c and res have MR rows of ldc >= n values.
+                    unsafe { block_with(isa, kc, &a, &b, c.as_mut_ptr(), ldc, true, m, n, Some(epi)) };
+                    for i in 0..MR {
+                        for j in 0..ldc {
+                            let got = c[i * ldc + j];
+                            if i >= m || j >= n {
+                                assert_eq!(got, 0.5, "{isa:?} m{m} n{n}: wrote outside the block at {i},{j}");
+                                continue;
+                            }
+                            let v = (0..kc).map(|k| a[k * MR + i] * bv(k, j)).sum::<f32>() + 0.5 + bias[i];
+                            let want = if act { silu(v) } else { v } + res[i * ldc + j];
+                            assert!(
+                                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                                "{isa:?} m{m} n{n} act{act} at {i},{j}: {got} vs {want}"
+                            );
+                        }
                     }
                 }
             }
@@ -311,21 +546,59 @@ mod tests {
     }
 
     #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn vector_silu_matches_scalar() {
-        if !available() {
+    fn both_kernels_give_the_same_bits_on_whole_blocks() {
+        if isas().len() < 2 {
             return;
         }
+        let kc = 300;
+        let a: Vec<f32> = (0..kc * MR).map(|i| ((i * 29) % 17) as f32 * 0.13 - 1.0).collect();
+        let panels: Vec<Vec<f32>> = (0..2).map(|p| (0..kc * NR).map(|i| ((i * 7 + p) % 23) as f32 * 0.07 - 0.8).collect()).collect();
+        let bias: Vec<f32> = (0..MR).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let ldc = 2 * NR;
+        let res: Vec<f32> = (0..MR * ldc).map(|i| (i % 5) as f32 * 0.1).collect();
+        for act in [false, true] {
+            let epi = Some(Epilogue { bias: bias.as_ptr(), act, res: Some(res.as_ptr()) });
+            let mut wide = vec![0.25f32; MR * ldc];
+            let mut narrow = wide.clone();
+            let b: Vec<&[f32]> = panels.iter().map(Vec::as_slice).collect();
+            // SAFETY: both kernels checked above; c and res have MR rows of ldc = 2 * NR values.
+            unsafe {
+                block_with(Isa::Avx512, kc, &a, &b, wide.as_mut_ptr(), ldc, true, MR, 2 * NR, epi);
+                for (p, panel) in b.iter().enumerate() {
+                    let epi = Some(Epilogue { bias: bias.as_ptr(), act, res: Some(res.as_ptr().add(p * NR)) });
+                    block_with(Isa::Avx2, kc, &a, &[panel], narrow.as_mut_ptr().add(p * NR), ldc, true, MR, NR, epi);
+                }
+            }
+            assert!(wide.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits()), "act {act}");
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn vector_silu_matches_scalar() {
+        use std::arch::x86_64::*;
+        let have = isas();
         for i in -2000..2000 {
             let v = i as f32 * 0.1;
-            // SAFETY: AVX2 checked above.
-            let got = unsafe {
-                let mut out = [0f32; 8];
-                std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), silu8(std::arch::x86_64::_mm256_set1_ps(v)));
-                out[0]
-            };
             let want = v / (1.0 + (-v).exp());
-            assert!((got - want).abs() <= 2e-6 * want.abs() + 1e-12, "silu8({v}) = {got}, want {want}");
+            if have.contains(&Isa::Avx2) {
+                // SAFETY: AVX2 checked above.
+                let got = unsafe {
+                    let mut out = [0f32; 8];
+                    _mm256_storeu_ps(out.as_mut_ptr(), silu8(_mm256_set1_ps(v)));
+                    out[0]
+                };
+                assert!((got - want).abs() <= 2e-6 * want.abs() + 1e-12, "silu8({v}) = {got}, want {want}");
+            }
+            if have.contains(&Isa::Avx512) {
+                // SAFETY: AVX-512F checked above.
+                let got = unsafe {
+                    let mut out = [0f32; 16];
+                    _mm512_storeu_ps(out.as_mut_ptr(), silu16(_mm512_set1_ps(v)));
+                    out[0]
+                };
+                assert!((got - want).abs() <= 2e-6 * want.abs() + 1e-12, "silu16({v}) = {got}, want {want}");
+            }
         }
     }
 }

@@ -148,7 +148,9 @@ impl FusedKey {
             }
         };
         // a slice or a concatenation's channels in whole 16-byte units (8 f16)
-        let units = |width: usize, c: usize, offset: usize| width == c || (width % 8 == 0 && c % 8 == 0 && offset % 8 == 0);
+        let units = |width: usize, c: usize, offset: usize| {
+            width == c || (width.is_multiple_of(8) && c.is_multiple_of(8) && offset.is_multiple_of(8))
+        };
         if y_offset + k > y_width || !units(x_width, c, x.layout().start_offset()) || !units(y_width, k, y_offset) {
             return None;
         }
@@ -650,7 +652,7 @@ fn fused(key: &FusedKey, x: &Tensor, p: &ConvParams, residual: Option<&Tensor>, 
 /// Runs `key`'s fused plan (decided, fused) on the inputs at `ptrs` (by tensor id) with the
 /// output's first channel at device address `y`.
 fn run(handle: sys::cudnnHandle_t, dev: &CudaDevice, key: &FusedKey, ptrs: &[(i64, u64)], y: u64) -> candle_core::Result<()> {
-    if y % ALIGN != 0 {
+    if !y.is_multiple_of(ALIGN) {
         candle_core::bail!("cudnn-conv-bias-act: output not aligned to {ALIGN} bytes");
     }
     let stream = dev.cuda_stream();

@@ -63,7 +63,7 @@ pub fn bias_act_into(buf: &Tensor, offset: usize, y: &Tensor, bias: &Tensor, act
 
 /// The kernel takes f16 in units of 8 channels on CUDA.
 fn into_kernel_fits(y: &Tensor, c: usize, offset: usize, width: usize) -> bool {
-    y.device().is_cuda() && y.dtype() == DType::F16 && c % 8 == 0 && offset % 8 == 0 && width % 8 == 0
+    y.device().is_cuda() && y.dtype() == DType::F16 && c.is_multiple_of(8) && offset.is_multiple_of(8) && width.is_multiple_of(8)
 }
 
 struct Wide {

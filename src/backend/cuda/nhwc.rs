@@ -47,7 +47,7 @@ fn moves_in_units(x: &Tensor) -> bool {
         && pixel_stride(x.layout()).is_some_and(|cs| cs % per == 0)
         && c % per == 0
         && c > 0
-        && x.layout().start_offset() % per == 0
+        && x.layout().start_offset().is_multiple_of(per)
 }
 
 /// `x` (a channel slice, say) as a contiguous tensor.
@@ -132,7 +132,7 @@ impl InplaceOp2 for Into {
 
     fn cuda_fwd(&self, buf: &mut CudaStorage, bl: &Layout, x: &CudaStorage, l: &Layout) -> candle_core::Result<()> {
         let (_, _, _, width) = bl.shape().dims4()?;
-        let aligned = per_unit(buf.dtype()).is_some_and(|per| bl.start_offset() % per == 0);
+        let aligned = per_unit(buf.dtype()).is_some_and(|per| bl.start_offset().is_multiple_of(per));
         if !bl.is_contiguous() || !aligned || l.shape().dims()[..3] != bl.shape().dims()[..3] {
             candle_core::bail!("nhwc-copy-into: {:?} into {:?} (contiguous, 16-byte aligned)", l.shape(), bl.shape());
         }

@@ -53,7 +53,7 @@ impl CustomOp1 for Pool {
             candle_core::bail!("pool-nhwc: {:?} is more than one launch indexes", l.shape());
         }
         // 8 channels per thread where the 16-byte loads stay aligned
-        let wide = x.dtype() == DType::F16 && c % 8 == 0 && cs % 8 == 0 && l.start_offset() % 8 == 0;
+        let wide = x.dtype() == DType::F16 && c % 8 == 0 && cs % 8 == 0 && l.start_offset().is_multiple_of(8);
         let threads = if wide { n_out / 8 } else { n_out };
         let dims = [threads, h, w, c, cs, oh, ow, self.k, self.s, self.p].map(|v| v as u32);
         let slice = match x.dtype() {
