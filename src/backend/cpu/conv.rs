@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use candle_core::{bail, DType, Device, Result, Storage, Tensor};
 use gemm::{gemm, Parallelism};
 
-use crate::backend::cpu::kernel::{self as cpukernel, silu, Epilogue, PackedWeights, KC, MR, NR};
+use crate::backend::cpu::kernel::{self as cpukernel, silu, Epilogue, Isa, PackedWeights, KC, MR, NR};
 use rayon::prelude::*;
 
 /// The per-picture view of a `(B, C, H, W)` f32 CPU tensor whose pictures are each contiguous
@@ -335,6 +335,7 @@ fn conv_tile_packed(
     let n = g.oh * g.ow;
     let (kdim, kk, plane) = (pw.kdim, g.k * g.k, g.h * g.w);
     let panels = (p1 - p0).div_ceil(NR);
+    let Some(isa) = Isa::detect() else { unreachable!("conv_tile_packed without a kernel for this CPU") };
     with_scratch(panels * kdim * NR, |cols| {
         let mut k_base = 0;
         for (x, c) in parts {
@@ -343,7 +344,7 @@ fn conv_tile_packed(
             }
             k_base += c * kk;
         }
-        let step = cpukernel::panels_per_block();
+        let step = isa.panels();
         for k0 in (0..kdim).step_by(KC) {
             let kc = KC.min(kdim - k0);
             for j in (0..panels).step_by(step) {
@@ -357,11 +358,11 @@ fn conv_tile_packed(
                     // the last pass adds bias, SiLU and residual before storing
                     let epi =
                         (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
-                    // SAFETY: the kernel is available (checked by the caller); the block is
+                    // SAFETY: this CPU runs `isa`'s kernel (detected above); the block is
                     // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its
                     // CO x n block and written by no other tile; bias has CO values and the
                     // residual is shaped like the output.
-                    unsafe { cpukernel::block(kc, pw.block(cb, k0), b, dst.0.add(c0 * n + q), n, k0 > 0, mv, nv, epi) };
+                    unsafe { cpukernel::block(isa, kc, pw.block(cb, k0), b, dst.0.add(c0 * n + q), n, k0 > 0, mv, nv, epi) };
                 }
             }
         }

@@ -114,7 +114,7 @@ pub fn name() -> &'static str {
     }
 }
 
-/// Pixel panels one [`block`] call covers on this CPU (1 where no kernel runs).
+/// Pixel panels one [`block`] call covers on this CPU's kernel (1 where none runs).
 pub fn panels_per_block() -> usize {
     Isa::detect().map_or(1, Isa::panels)
 }
@@ -385,36 +385,15 @@ unsafe fn dispatch(
 }
 
 /// One `m x n` block (`1 <= m <= MR`, `n <= b.len() * NR`) of `c (+)= a * b` over `kc`
-/// reduction rows, then `epi` (on the last pass) before the store. `b` is the pixel panels the
-/// block covers, at most [`panels_per_block`] of them, and no more than `n` needs.
+/// reduction rows on `isa`'s kernel, then `epi` (on the last pass) before the store. `b` is the
+/// pixel panels the block covers, at most `isa.panels()` of them, and no more than `n` needs.
 ///
 /// # Safety
-/// [`available`] must be true; `a` holds `kc * MR` values, each `b[p]` `kc * NR`, `c` is
-/// writable at `i * ldc + j` for `i < m`, `j < n`, `epi`'s bias readable at `i < m` and its
-/// residual at `i * ldc + j`.
+/// This CPU must run `isa` ([`Isa::detect`]); `c` must be writable at `i * ldc + j` for `i < m`,
+/// `j < n`, `epi`'s bias readable at `i < m` and its residual at `i * ldc + j` (the operands'
+/// extents are checked).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block(
-    kc: usize,
-    a: &[f32],
-    b: &[&[f32]],
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    m: usize,
-    n: usize,
-    epi: Option<Epilogue>,
-) {
-    let Some(isa) = Isa::detect() else { unreachable!("cpukernel::block without a kernel for this CPU") };
-    // SAFETY: forwarded from the caller (see # Safety); `isa` is what this CPU runs.
-    unsafe { block_with(isa, kc, a, b, c, ldc, accumulate, m, n, epi) }
-}
-
-/// [`block`] on the kernel for `isa`, which this CPU must run.
-///
-/// # Safety
-/// As [`block`], with `isa` supported by this CPU and `b.len() <= isa.panels()`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_with(
     isa: Isa,
     kc: usize,
     a: &[f32],
@@ -492,7 +471,7 @@ mod tests {
                     let ldc = 40;
                     let mut c = vec![1f32; MR * ldc];
                     // SAFETY: the CPU runs `isa`; c has MR rows of ldc >= n values.
-                    unsafe { block_with(isa, kc, &a, &b, c.as_mut_ptr(), ldc, acc, m, n, None) };
+                    unsafe { block(isa, kc, &a, &b, c.as_mut_ptr(), ldc, acc, m, n, None) };
                     for i in 0..MR {
                         for j in 0..ldc {
                             let want = if i < m && j < n {
@@ -524,7 +503,7 @@ mod tests {
                     let mut c = vec![0.5f32; MR * ldc];
                     let epi = Epilogue { bias: bias.as_ptr(), act, res: Some(res.as_ptr()) };
                     // SAFETY: the CPU runs `isa`; c and res have MR rows of ldc >= n values.
-                    unsafe { block_with(isa, kc, &a, &b, c.as_mut_ptr(), ldc, true, m, n, Some(epi)) };
+                    unsafe { block(isa, kc, &a, &b, c.as_mut_ptr(), ldc, true, m, n, Some(epi)) };
                     for i in 0..MR {
                         for j in 0..ldc {
                             let got = c[i * ldc + j];
@@ -563,10 +542,10 @@ mod tests {
             let b: Vec<&[f32]> = panels.iter().map(Vec::as_slice).collect();
             // SAFETY: both kernels checked above; c and res have MR rows of ldc = 2 * NR values.
             unsafe {
-                block_with(Isa::Avx512, kc, &a, &b, wide.as_mut_ptr(), ldc, true, MR, 2 * NR, epi);
+                block(Isa::Avx512, kc, &a, &b, wide.as_mut_ptr(), ldc, true, MR, 2 * NR, epi);
                 for (p, panel) in b.iter().enumerate() {
                     let epi = Some(Epilogue { bias: bias.as_ptr(), act, res: Some(res.as_ptr().add(p * NR)) });
-                    block_with(Isa::Avx2, kc, &a, &[panel], narrow.as_mut_ptr().add(p * NR), ldc, true, MR, NR, epi);
+                    block(Isa::Avx2, kc, &a, &[panel], narrow.as_mut_ptr().add(p * NR), ldc, true, MR, NR, epi);
                 }
             }
             assert!(wide.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits()), "act {act}");
@@ -581,23 +560,21 @@ mod tests {
         for i in -2000..2000 {
             let v = i as f32 * 0.1;
             let want = v / (1.0 + (-v).exp());
+            let mut got = Vec::new();
             if have.contains(&Isa::Avx2) {
+                let mut out = [0f32; 8];
                 // SAFETY: AVX2 checked above.
-                let got = unsafe {
-                    let mut out = [0f32; 8];
-                    _mm256_storeu_ps(out.as_mut_ptr(), silu8(_mm256_set1_ps(v)));
-                    out[0]
-                };
-                assert!((got - want).abs() <= 2e-6 * want.abs() + 1e-12, "silu8({v}) = {got}, want {want}");
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), silu8(_mm256_set1_ps(v))) };
+                got.push(("silu8", out[0]));
             }
             if have.contains(&Isa::Avx512) {
+                let mut out = [0f32; 16];
                 // SAFETY: AVX-512F checked above.
-                let got = unsafe {
-                    let mut out = [0f32; 16];
-                    _mm512_storeu_ps(out.as_mut_ptr(), silu16(_mm512_set1_ps(v)));
-                    out[0]
-                };
-                assert!((got - want).abs() <= 2e-6 * want.abs() + 1e-12, "silu16({v}) = {got}, want {want}");
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), silu16(_mm512_set1_ps(v))) };
+                got.push(("silu16", out[0]));
+            }
+            for (name, got) in got {
+                assert!((got - want).abs() <= 2e-6 * want.abs() + 1e-12, "{name}({v}) = {got}, want {want}");
             }
         }
     }
