@@ -16,7 +16,7 @@ use candle_core::{bail, DType, Result, Tensor};
 
 /// Output channels per kernel block.
 pub const MR: usize = 6;
-/// Pixels per kernel block (two 8-lane vectors).
+/// Pixels per im2col panel (two 8-lane vectors, or one 16-lane vector).
 pub const NR: usize = 16;
 /// Reduction depth per pass over the output (keeps a weight block in L1/L2).
 pub const KC: usize = 256;
