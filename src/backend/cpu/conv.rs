@@ -316,12 +316,13 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
     }
 }
 
-/// One tile through the packed-weight kernel: output pixels `p0..p1` of one picture, all
-/// channels. im2col (also for 1x1: the panels are the kernel's contiguous layout) of every
-/// input part into this thread's scratch, then `KC`-deep passes of the kernel over
-/// (pixel panels x channel block), the epilogue fused into the last pass's stores.
+/// One tile through `isa`'s packed-weight kernel (which this CPU runs): output pixels `p0..p1`
+/// of one picture, all channels. im2col (also for 1x1: the panels are the kernel's contiguous
+/// layout) of every input part into this thread's scratch, then `KC`-deep passes of the kernel
+/// over (pixel panels x channel block), the epilogue fused into the last pass's stores.
 #[allow(clippy::too_many_arguments)]
 fn conv_tile_packed(
+    isa: Isa,
     parts: &[(&[f32], usize)],
     pw: &PackedWeights,
     bias: &[f32],
@@ -335,7 +336,6 @@ fn conv_tile_packed(
     let n = g.oh * g.ow;
     let (kdim, kk, plane) = (pw.kdim, g.k * g.k, g.h * g.w);
     let panels = (p1 - p0).div_ceil(NR);
-    let Some(isa) = Isa::detect() else { unreachable!("conv_tile_packed without a kernel for this CPU") };
     with_scratch(panels * kdim * NR, |cols| {
         let mut k_base = 0;
         for (x, c) in parts {
@@ -358,7 +358,7 @@ fn conv_tile_packed(
                     // the last pass adds bias, SiLU and residual before storing
                     let epi =
                         (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
-                    // SAFETY: this CPU runs `isa`'s kernel (detected above); the block is
+                    // SAFETY: this CPU runs `isa`'s kernel (detected by the caller); the block is
                     // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its
                     // CO x n block and written by no other tile; bias has CO values and the
                     // residual is shaped like the output.
@@ -466,16 +466,27 @@ pub fn conv2d(
             (0..count).for_each(run);
         }
     };
-    match packed {
-        Some(pw) if cpukernel::available() => {
+    match (packed, Isa::detect()) {
+        (Some(pw), Some(isa)) => {
             let n = g.oh * g.ow;
-            let nb = tile_pixels(pw.kdim, n, b, threads, cpukernel::panels_per_block());
+            let nb = tile_pixels(pw.kdim, n, b, threads, isa.panels());
             let tiles = n.div_ceil(nb);
             run_tiles(b * tiles, &|j: usize| {
                 let (i, t) = (j / tiles, j % tiles);
                 // SAFETY: picture i's block lies inside the allocation of b * out_len elements.
                 let dst = unsafe { base.add(i * out_len) };
-                conv_tile_packed(&parts_of(i), pw, bv, &g, act, res_view.as_ref().map(|r| r.image(i)), dst, t * nb, ((t + 1) * nb).min(n));
+                conv_tile_packed(
+                    isa,
+                    &parts_of(i),
+                    pw,
+                    bv,
+                    &g,
+                    act,
+                    res_view.as_ref().map(|r| r.image(i)),
+                    dst,
+                    t * nb,
+                    ((t + 1) * nb).min(n),
+                );
             });
         }
         _ => {

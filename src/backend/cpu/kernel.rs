@@ -6,7 +6,7 @@
 //! - the im2col columns of a tile, written straight in panels of [`NR`] pixels (`NR` values per
 //!   `k`) by `cpuconv`, so the kernels read both operands contiguously.
 //!
-//! A call computes `MR` channels of the NCHW output over [`panels_per_block`] panels: the AVX2
+//! A call computes `MR` channels of the NCHW output over [`Isa::panels`] panels: the AVX2
 //! kernel one panel (`MR x NR` in 12 ymm registers; the last block of a layer with fewer
 //! channels runs a 4- or 2-row variant), the AVX-512 kernel two (`MR x 2NR` in 12 zmm
 //! registers, twice the multiply-adds per instruction; masked loads and stores for a partial
@@ -112,11 +112,6 @@ pub fn name() -> &'static str {
         Some(Isa::Avx2) => "avx2",
         None => "gemm",
     }
-}
-
-/// Pixel panels one [`block`] call covers on this CPU's kernel (1 where none runs).
-pub fn panels_per_block() -> usize {
-    Isa::detect().map_or(1, Isa::panels)
 }
 
 /// What the last reduction pass applies before storing: `act(v + bias[i]) (+ res[i * ldc + j])`
