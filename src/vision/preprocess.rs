@@ -141,6 +141,66 @@ fn checked_decoder<'a>(
     Ok((decoder, width, height))
 }
 
+/// What a JPEG decoder's support for a file depends on, read from the headers before its first
+/// scan: the start-of-frame marker (baseline, extended, progressive, lossless, arithmetic), its
+/// segment (precision, size, components with their sampling factors and tables) and the restart
+/// interval. Two files with the same key are taken or refused alike by a decoder that looks only
+/// at these (nvJPEG's hardware decoder), so its support check can be kept per key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct JpegFrameKey {
+    marker: u8,
+    /// The start-of-frame segment after its length: 6 bytes and 3 per component (at most 4).
+    frame: [u8; 18],
+    restart_interval: u16,
+}
+
+/// The [`JpegFrameKey`] of `b`, or `None` where its headers up to the first scan cannot be walked
+/// (no start-of-image, a segment running past the end, no frame header, more than 4 components,
+/// a second frame header). Reads only the segment lengths and the frame and restart segments.
+pub fn jpeg_frame_key(b: &[u8]) -> Option<JpegFrameKey> {
+    if b.get(..2)? != [0xFF, 0xD8] {
+        return None;
+    }
+    let mut frame: Option<(u8, [u8; 18])> = None;
+    let mut restart_interval = 0u16;
+    let mut i = 2;
+    loop {
+        if *b.get(i)? != 0xFF {
+            return None;
+        }
+        // fill bytes: any number of 0xFF before the marker code
+        while *b.get(i + 1)? == 0xFF {
+            i += 1;
+        }
+        let marker = b[i + 1];
+        i += 2;
+        if marker == 0x01 || (0xD0..=0xD7).contains(&marker) {
+            continue; // no segment
+        }
+        let len = usize::from(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]));
+        let seg = b.get(i + 2..(i + len).max(i + 2))?;
+        if len < 2 {
+            return None;
+        }
+        match marker {
+            0xDA => return frame.map(|(marker, frame)| JpegFrameKey { marker, frame, restart_interval }),
+            0xDD => restart_interval = u16::from_be_bytes([*seg.first()?, *seg.get(1)?]),
+            // SOF0-SOF15 except DHT (C4), JPG (C8) and DAC (CC)
+            0xC0..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => {
+                let components = usize::from(*seg.get(5)?);
+                if frame.is_some() || components > 4 || seg.len() < 6 + 3 * components {
+                    return None;
+                }
+                let mut f = [0u8; 18];
+                f[..6 + 3 * components].copy_from_slice(&seg[..6 + 3 * components]);
+                frame = Some((marker, f));
+            }
+            _ => {}
+        }
+        i += len;
+    }
+}
+
 /// True when an end-of-image marker follows the last start-of-scan marker. Entropy-coded data
 /// stuffs every 0xFF with 0x00, so neither marker can appear inside a scan by chance.
 /// Found from the end through the file's 0xFF bytes alone (memchr's SIMD search): the check runs
@@ -400,6 +460,67 @@ mod tests {
             Ok(img) => assert!(img.width() > 0 && img.height() > 0),
             Err(ImageError::Corrupt { reason, .. }) if cfg!(debug_assertions) => assert_eq!(reason, "the decoder failed on this input"),
             Err(e) => assert!(matches!(e, ImageError::Corrupt { .. }), "{e}"),
+        }
+    }
+
+    /// A baseline 4:2:0 JPEG of `w` x `h` from the `image` crate's encoder.
+    fn encoded(w: u32, h: u32, quality: u8) -> Vec<u8> {
+        let img = RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 7) as u8, (y * 5) as u8, ((x + y) * 3) as u8]));
+        let mut out = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality).encode_image(&img).unwrap();
+        out
+    }
+
+    #[test]
+    fn the_frame_key_is_the_frame_header_and_restart_interval_and_nothing_else() {
+        let a = encoded(64, 48, 90);
+        let k = jpeg_frame_key(&a).expect("a baseline JPEG has a key");
+        assert_eq!(k.marker, 0xC0);
+        assert_eq!(&k.frame[..6], &[8, 0, 48, 0, 64, 3]);
+        // other pixels and other tables, same frame: same key
+        assert_eq!(jpeg_frame_key(&encoded(64, 48, 40)), Some(k));
+        // another size: another key
+        assert_ne!(jpeg_frame_key(&encoded(48, 64, 90)), Some(k));
+        // progressive (SOF2 in place of SOF0): another key
+        let sof = a.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        let mut p = a.clone();
+        p[sof + 1] = 0xC2;
+        assert_eq!(jpeg_frame_key(&p).map(|k| k.marker), Some(0xC2));
+        // a restart interval (DRI after SOI): another key
+        let mut r = a[..2].to_vec();
+        r.extend_from_slice(&[0xFF, 0xDD, 0, 4, 0, 16]);
+        r.extend_from_slice(&a[2..]);
+        let kr = jpeg_frame_key(&r).unwrap();
+        assert_eq!((kr.marker, kr.frame, kr.restart_interval), (k.marker, k.frame, 16));
+    }
+
+    #[test]
+    fn a_frame_key_is_none_for_headers_that_cannot_be_walked() {
+        let a = encoded(32, 32, 90);
+        assert_eq!(jpeg_frame_key(&[]), None);
+        assert_eq!(jpeg_frame_key(b"\x89PNG\r\n"), None);
+        // cut anywhere before the scan: None, never a panic
+        let sos = a.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+        for n in 0..sos + 4 {
+            assert_eq!(jpeg_frame_key(&a[..n]), None, "cut at {n}");
+        }
+        // a segment length of 0 or 1
+        for len in [0u8, 1] {
+            let mut bad = a[..2].to_vec();
+            bad.extend_from_slice(&[0xFF, 0xE0, 0, len]);
+            bad.extend_from_slice(&a[2..]);
+            assert_eq!(jpeg_frame_key(&bad), None);
+        }
+        // a frame header of 5 components
+        let sof = a.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        let mut five = a.clone();
+        five[sof + 9] = 5;
+        assert_eq!(jpeg_frame_key(&five), None);
+        // every byte flipped in turn: whatever comes back, no panic
+        for k in 0..a.len().min(700) {
+            let mut f = a.clone();
+            f[k] ^= 0xA5;
+            let _ = jpeg_frame_key(&f);
         }
     }
 

@@ -16,6 +16,7 @@
 //!
 //! May use: candle's CUDA backend, cudarc, libloading, `vision::preprocess`.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -25,7 +26,9 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Tensor};
 
 use super::letterbox::{Letterboxer, Source};
-use crate::vision::preprocess::{check_jpeg_header, DecodeLimits, Fit, ImageError, LetterboxGeometry, Letterboxed, Orientation};
+use crate::vision::preprocess::{
+    check_jpeg_header, jpeg_frame_key, DecodeLimits, Fit, ImageError, JpegFrameKey, LetterboxGeometry, Letterboxed, Orientation,
+};
 
 /// The library names tried, in order.
 const LIBRARIES: [&str; 2] = ["libnvjpeg.so.13", "libnvjpeg.so"];
@@ -207,11 +210,21 @@ struct Decoder {
     state: State,
 }
 
-/// The hardware decoder, with the parsed stream its support check reads.
+/// The hardware decoder, with the parsed stream its support check reads and the checks' answers
+/// per frame header.
 struct Hardware {
     dec: Decoder,
     stream: JpegStream,
+    /// Whether the hardware decoder takes a file, per [`JpegFrameKey`]: a camera's or a folder's
+    /// pictures share one, so the check (parsing the headers in nvJPEG, ~0.05 ms a picture on the
+    /// one thread that feeds the GPU) runs once per kind of file. A wrong answer costs time only:
+    /// a batch the hardware refuses is decoded one by one on the default backend.
+    supported: HashMap<JpegFrameKey, bool>,
 }
+
+/// Frame headers whose support answer is kept; past this many the answers are dropped and
+/// checked again (a source of ever-new frame headers costs the check, not memory).
+const SUPPORT_KEYS: usize = 64;
 
 struct Inner {
     /// The default backend: every picture the hardware decoder does not take.
@@ -231,7 +244,8 @@ pub struct JpegProfile {
     pub pictures: usize,
     /// Reading each header (nvJPEG's own reading, and the host checks where not done before).
     pub plan: Duration,
-    /// The hardware decoder's support check of each picture (parsing its headers).
+    /// The hardware decoder's support check of each picture (parsing its headers), or looking up
+    /// the answer kept for its frame header.
     pub parse: Duration,
     /// The decode calls themselves (they queue the work and return).
     pub decode: Duration,
@@ -346,7 +360,7 @@ impl GpuJpeg {
                 let mut js: JpegStream = std::ptr::null_mut();
                 // SAFETY: a valid handle and an out-pointer to a local.
                 match check("nvjpegJpegStreamCreate", unsafe { (api.stream_create)(dec.handle, &mut js) }) {
-                    Ok(()) => Some(Hardware { dec, stream: js }),
+                    Ok(()) => Some(Hardware { dec, stream: js, supported: HashMap::new() }),
                     Err((call, status)) => {
                         tracing::debug!("nvJPEG hardware decoder off: {call}: {status}");
                         Self::destroy(api, &dec);
@@ -513,7 +527,7 @@ impl GpuJpeg {
             }
             let buf = buf.as_mut().expect("decode buffer allocated above");
             let t = Instant::now();
-            let (decoded, parse) = self.decode_round(default, hardware.as_ref(), &pictures[round.clone()], &sources, buf)?;
+            let (decoded, parse) = self.decode_round(default, hardware.as_mut(), &pictures[round.clone()], &sources, buf)?;
             prof.parse += parse;
             prof.decode += t.elapsed().saturating_sub(parse);
             // nvJPEG may read the host bitstreams until its work on the stream is done
@@ -604,7 +618,7 @@ impl GpuJpeg {
     fn decode_round(
         &self,
         default: &Decoder,
-        hardware: Option<&Hardware>,
+        hardware: Option<&mut Hardware>,
         pictures: &[&[u8]],
         sources: &[Option<Source>],
         buf: &mut CudaSlice<u8>,
@@ -625,6 +639,13 @@ impl GpuJpeg {
             let t = Instant::now();
             for &k in &todo {
                 let p = pictures[k];
+                let key = jpeg_frame_key(p);
+                if let Some(&known) = key.as_ref().and_then(|key| hw.supported.get(key)) {
+                    if known {
+                        batch.push(k);
+                    }
+                    continue;
+                }
                 let mut unsupported: c_int = 1;
                 // SAFETY: `p` is valid for its length; the parsed stream belongs to the hardware
                 // handle and is used under the lock; `unsupported` is a local out-pointer.
@@ -640,8 +661,16 @@ impl GpuJpeg {
                     })
                 };
                 // nvjpeg.h: `is_supported` is 0 when the decoder can take the stream
-                if ok.is_ok() && unsupported == 0 {
+                let takes = ok.is_ok() && unsupported == 0;
+                if takes {
                     batch.push(k);
+                }
+                // a header nvJPEG could not parse is not an answer about the frame
+                if let (Some(key), true) = (key, ok.is_ok()) {
+                    if hw.supported.len() >= SUPPORT_KEYS {
+                        hw.supported.clear();
+                    }
+                    hw.supported.insert(key, takes);
                 }
             }
             parse = t.elapsed();
@@ -674,6 +703,13 @@ impl GpuJpeg {
                     .is_ok();
                 if done {
                     todo.retain(|k| !batch.contains(k));
+                } else {
+                    // checked again next time rather than trusted
+                    for &k in &batch {
+                        if let Some(key) = jpeg_frame_key(pictures[k]) {
+                            hw.supported.remove(&key);
+                        }
+                    }
                 }
             }
         }
