@@ -228,6 +228,10 @@ pub struct StreamTelemetry {
     pub published: u64,
     /// Connections lost (error, end of a live stream, or no frame for `stall_timeout_ms`).
     pub reconnects: u64,
+    /// Old pipelines of this stream that did not stop within 3 s of being told to and have not
+    /// stopped since (GStreamer's `rtspsrc` can hang in its own teardown); each holds its threads,
+    /// sockets and buffers until it does. Not 0 for long: the stream's memory creeps.
+    pub stuck_teardowns: u64,
     /// Capture to publish over the last 2048 frames (ms).
     pub capture_to_publish_ms: Percentiles,
 }

@@ -305,6 +305,15 @@ impl Collector for Inner {
                 ConstCounter::new(st.reconnects.load(Relaxed)).encode(m.encode_family(&[("stream", label_value(id))])?)?;
             }
             let mut m = o.enc.encode_descriptor(
+                "yolo_edge_stream_stuck_teardowns",
+                "Old pipelines that did not stop when told to and still hold their threads, sockets and buffers",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (id, st) in &streams {
+                ConstGauge::new(st.stuck_teardowns.load(Relaxed) as i64).encode(m.encode_family(&[("stream", label_value(id))])?)?;
+            }
+            let mut m = o.enc.encode_descriptor(
                 "yolo_edge_stream_decoder",
                 "The decoder element each stream uses (empty until the codec is known) and its state",
                 None,

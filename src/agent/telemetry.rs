@@ -280,6 +280,9 @@ pub struct StreamStats {
     pub skipped: AtomicU64,
     pub published: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Old pipelines whose stop has not returned after its wait (`agent::sources::camera`); shared
+    /// with the threads that stop them.
+    pub stuck_teardowns: Arc<AtomicU64>,
     capture_to_publish: Mutex<VecDeque<f32>>,
     capture_to_publish_hist: LatencyHistogram,
 }
@@ -446,6 +449,7 @@ impl Stats {
                 skipped: s.skipped.load(Relaxed),
                 published: s.published.load(Relaxed),
                 reconnects: s.reconnects.load(Relaxed),
+                stuck_teardowns: s.stuck_teardowns.load(Relaxed),
                 capture_to_publish_ms: s.capture_to_publish(),
             })
             .collect()

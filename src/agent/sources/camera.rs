@@ -11,8 +11,8 @@
 //! or changed are started, stopped or restarted; the others are not touched.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -188,7 +188,7 @@ impl Stream {
         let ended = self.watch(&pipeline, session, lost);
         // a source waiting for room sees the stop and lets the streaming thread go
         session.gone.store(true, Relaxed);
-        teardown(pipeline, &self.cfg.id);
+        teardown(pipeline, &self.cfg.id, &self.st);
         // the old pipeline's frames and buffers were freed on its streaming threads, into
         // allocator arenas that keep them resident unless told otherwise
         hostmem::release_free_heap();
@@ -339,22 +339,55 @@ impl Stream {
 const TEARDOWN_WAIT: Duration = Duration::from_secs(3);
 
 /// Stops a pipeline on a thread of its own, waiting at most [`TEARDOWN_WAIT`]. `rtspsrc` can
-/// hang in its state change when the server vanishes while it tears its own session down; such
-/// a pipeline is left to its thread (its frames are refused: the session is marked gone) and the
-/// stream reconnects with a fresh one instead of hanging with it.
-fn teardown(pipeline: gst::Pipeline, id: &str) {
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let spawned = std::thread::Builder::new().name(format!("teardown-{id}")).spawn(move || {
+/// hang in its state change (GStreamer 1.22: its own task stopping its RTP bin waits for a jitter
+/// buffer's streaming thread that nothing wakes; seen when a server vanishes, and after a few
+/// percent of the ends of stream a server sends); such a pipeline is left to its thread (its
+/// frames are refused: the session is marked gone), counted in the stream's `stuck_teardowns`
+/// until its stop returns, and the stream reconnects with a fresh one instead of hanging with it.
+fn teardown(pipeline: gst::Pipeline, id: &str, st: &Arc<StreamStats>) {
+    let stop = move || {
         let _ = pipeline.set_state(gst::State::Null);
-        let _ = tx.send(());
-    });
-    match spawned {
-        Ok(_) => {
-            if rx.recv_timeout(TEARDOWN_WAIT).is_err() {
-                tracing::warn!(source = %id, "the old pipeline did not stop within {} s; reconnecting without it", TEARDOWN_WAIT.as_secs());
-            }
-        }
+    };
+    match stop_within(format!("teardown-{id}"), TEARDOWN_WAIT, &st.stuck_teardowns, stop) {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            source = %id,
+            stuck = st.stuck_teardowns.load(SeqCst),
+            "the old pipeline did not stop within {} s; reconnecting without it",
+            TEARDOWN_WAIT.as_secs()
+        ),
         Err(e) => tracing::warn!(source = %id, "cannot start a teardown thread: {e}"),
+    }
+}
+
+/// Runs `stop` on a thread of its own named `name` and waits at most `wait` for it: true when it
+/// returned in time. When it did not, `stuck` counts it until it returns.
+fn stop_within(name: String, wait: Duration, stuck: &Arc<AtomicU64>, stop: impl FnOnce() + Send + 'static) -> std::io::Result<bool> {
+    const RUNNING: u8 = 0;
+    const DONE: u8 = 1;
+    const ABANDONED: u8 = 2;
+    let state = Arc::new(AtomicU8::new(RUNNING));
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    {
+        let (state, stuck) = (state.clone(), stuck.clone());
+        std::thread::Builder::new().name(name).spawn(move || {
+            stop();
+            if state.swap(DONE, SeqCst) == ABANDONED {
+                stuck.fetch_sub(1, SeqCst);
+            }
+            let _ = tx.send(());
+        })?;
+    }
+    if rx.recv_timeout(wait).is_ok() {
+        return Ok(true);
+    }
+    // counted before it is marked, so that the thread's decrement always comes after
+    stuck.fetch_add(1, SeqCst);
+    if state.compare_exchange(RUNNING, ABANDONED, SeqCst, SeqCst).is_ok() {
+        Ok(false)
+    } else {
+        stuck.fetch_sub(1, SeqCst); // it returned just now
+        Ok(true)
     }
 }
 
@@ -411,5 +444,41 @@ pub async fn manage(
     for (id, h) in std::mem::take(&mut running) {
         hub.remove(&id);
         let _ = tokio::task::spawn_blocking(move || h.stop()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_that_hangs_is_counted_until_it_returns() {
+        let stuck = Arc::new(AtomicU64::new(0));
+        // in time: not counted
+        assert!(stop_within("quick".into(), Duration::from_secs(5), &stuck, || ()).unwrap());
+        assert_eq!(stuck.load(SeqCst), 0);
+        // two that hang past the wait: counted while they hang
+        let (go_a, wait_a) = std::sync::mpsc::channel::<()>();
+        let (go_b, wait_b) = std::sync::mpsc::channel::<()>();
+        let hang = |rx: std::sync::mpsc::Receiver<()>| {
+            move || {
+                let _ = rx.recv();
+            }
+        };
+        assert!(!stop_within("a".into(), Duration::from_millis(50), &stuck, hang(wait_a)).unwrap());
+        assert!(!stop_within("b".into(), Duration::from_millis(50), &stuck, hang(wait_b)).unwrap());
+        assert_eq!(stuck.load(SeqCst), 2);
+        // each one that returns at last is no longer counted
+        let settle = |want: u64| {
+            let t = Instant::now();
+            while stuck.load(SeqCst) != want && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(stuck.load(SeqCst), want);
+        };
+        go_a.send(()).unwrap();
+        settle(1);
+        drop(go_b);
+        settle(0);
     }
 }
