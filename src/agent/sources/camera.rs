@@ -338,14 +338,18 @@ impl Stream {
 /// How long a stream waits for its old pipeline to stop before it goes on without it.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(3);
 
-/// Stops a pipeline on a thread of its own, waiting at most [`TEARDOWN_WAIT`]. `rtspsrc` can
-/// hang in its state change (GStreamer 1.22: its own task stopping its RTP bin waits for a jitter
-/// buffer's streaming thread that nothing wakes; seen when a server vanishes, and after a few
-/// percent of the ends of stream a server sends); such a pipeline is left to its thread (its
-/// frames are refused: the session is marked gone), counted in the stream's `stuck_teardowns`
-/// until its stop returns, and the stream reconnects with a fresh one instead of hanging with it.
+/// Stops a pipeline on a thread of its own, waiting at most [`TEARDOWN_WAIT`].
+///
+/// The pipeline is flushed first: stopped straight away, `rtspsrc` can hang in its state change
+/// (GStreamer 1.22: its own task, stopping its RTP bin, waits for a jitter buffer's streaming
+/// thread that nothing wakes, while the stop waits for that task; after a few percent of the ends
+/// of stream a server sends, and when a server vanishes). A flush wakes that thread first. A
+/// pipeline that still does not stop in time is left to its thread (its frames are refused: the
+/// session is marked gone), counted in the stream's `stuck_teardowns` until its stop returns, and
+/// the stream reconnects with a fresh one instead of hanging with it.
 fn teardown(pipeline: gst::Pipeline, id: &str, st: &Arc<StreamStats>) {
     let stop = move || {
+        let _ = pipeline.send_event(gst::event::FlushStart::new());
         let _ = pipeline.set_state(gst::State::Null);
     };
     match stop_within(format!("teardown-{id}"), TEARDOWN_WAIT, &st.stuck_teardowns, stop) {
