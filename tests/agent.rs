@@ -1917,7 +1917,7 @@ fn metrics_scraped_by_prometheus_feed_every_dashboard_panel_and_readyz_follows_m
     let deploy = manifest().join("deploy/prometheus");
     let (code, out) = run_tool(std::process::Command::new(&promtool).arg("check").arg("rules").arg(deploy.join("yolo-edge-alerts.yml")));
     assert_eq!(code, Some(0), "promtool check rules:\n{out}");
-    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 12 rules found"), "{out}");
     // and they fire when they should (broker down, spool growing and nearly full, no frames, not
     // ready, memory near budget), and not before
     let (code, out) =
