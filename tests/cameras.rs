@@ -564,7 +564,7 @@ fn four_streams(run: Duration, clip_secs: u32) {
     }
     // no threads piling up (a hung pipeline keeps 4-5)
     if let (Some(lo), Some(hi)) = (settled.iter().map(|s| s.1).min(), settled.iter().map(|s| s.1).max()) {
-        assert!(hi <= lo + 12, "threads piled up: {samples:?}");
+        assert!(hi <= lo + 16, "threads piled up: {samples:?}");
     }
     let wall = start.elapsed().as_secs_f64();
     let t: Telemetry = col.on("/telemetry").last().unwrap().parse();
