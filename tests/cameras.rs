@@ -506,8 +506,8 @@ fn four_streams_soak_10_minutes_memory_flat() {
 
 /// [`four_streams_soak_10_minutes_memory_flat`] with a 5 s clip for 7 minutes: every stream ends
 /// and reconnects every 5 s (about 270 reconnects), the pipelines flushed and stopped each time
-/// with none left hung, and the resident set flat (`cargo test --features gstreamer --test cameras
-/// -- --ignored storm`; figures in docs/cameras.md).
+/// with none left hung, the thread count flat and no trend in the resident set (`cargo test
+/// --features gstreamer --test cameras -- --ignored storm`; figures in docs/cameras.md).
 #[test]
 #[ignore]
 fn four_streams_reconnect_storm_7_minutes_memory_flat() {

@@ -230,7 +230,8 @@ pub struct StreamTelemetry {
     pub reconnects: u64,
     /// Old pipelines of this stream that did not stop within 3 s of being told to and have not
     /// stopped since (GStreamer's `rtspsrc` can hang in its own teardown); each holds its threads,
-    /// sockets and buffers until it does. Not 0 for long: the stream's memory creeps.
+    /// sockets and buffers until it does. A count that stays above 0 is memory and file
+    /// descriptors held.
     pub stuck_teardowns: u64,
     /// Capture to publish over the last 2048 frames (ms).
     pub capture_to_publish_ms: Percentiles,

@@ -178,10 +178,10 @@ pub fn jpeg_frame_key(b: &[u8]) -> Option<JpegFrameKey> {
             continue; // no segment
         }
         let len = usize::from(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]));
-        let seg = b.get(i + 2..(i + len).max(i + 2))?;
         if len < 2 {
             return None;
         }
+        let seg = b.get(i + 2..i + len)?;
         match marker {
             0xDA => return frame.map(|(marker, frame)| JpegFrameKey { marker, frame, restart_interval }),
             0xDD => restart_interval = u16::from_be_bytes([*seg.first()?, *seg.get(1)?]),

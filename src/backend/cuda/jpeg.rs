@@ -636,6 +636,8 @@ impl GpuJpeg {
         let mut todo: Vec<usize> = (0..pictures.len()).filter(|&k| sources[k].is_some()).collect();
         if let Some(hw) = hardware {
             let mut batch = Vec::new();
+            // the frame key of each picture in `batch`
+            let mut batch_keys = Vec::new();
             let t = Instant::now();
             for &k in &todo {
                 let p = pictures[k];
@@ -643,6 +645,7 @@ impl GpuJpeg {
                 if let Some(&known) = key.as_ref().and_then(|key| hw.supported.get(key)) {
                     if known {
                         batch.push(k);
+                        batch_keys.push(key);
                     }
                     continue;
                 }
@@ -664,6 +667,7 @@ impl GpuJpeg {
                 let takes = ok.is_ok() && unsupported == 0;
                 if takes {
                     batch.push(k);
+                    batch_keys.push(key);
                 }
                 // a header nvJPEG could not parse is not an answer about the frame
                 if let (Some(key), true) = (key, ok.is_ok()) {
@@ -705,10 +709,8 @@ impl GpuJpeg {
                     todo.retain(|k| !batch.contains(k));
                 } else {
                     // checked again next time rather than trusted
-                    for &k in &batch {
-                        if let Some(key) = jpeg_frame_key(pictures[k]) {
-                            hw.supported.remove(&key);
-                        }
+                    for key in batch_keys.iter().flatten() {
+                        hw.supported.remove(key);
                     }
                 }
             }
