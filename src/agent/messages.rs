@@ -779,7 +779,8 @@ pub enum EventBody {
         predicted_peak: u64,
         /// The batch this shape runs at.
         batch: usize,
-        /// The measured peak at `batch` (bytes), where it was measured (above the startup batch).
+        /// The measured peak at `batch` (bytes), where it was measured (above the startup batch, on a
+        /// discrete GPU).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         verified_peak: Option<u64>,
         /// The plan's budget (bytes).

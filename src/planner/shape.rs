@@ -5,12 +5,14 @@
 //! the input's pixels: `b` pictures of `w x h` cost what `ceil(b x w x h / imgsz²)` square ones
 //! do. So a plan made at the square gives every shape an estimate of its batch: the largest `b`
 //! whose square equivalent is at most the planned batch, capped by `max_batch`. Memory is not
-//! in proportion to pixels everywhere, so the agent measures an estimate above the planned
-//! batch before it runs it (`agent::pipeline`; BENCHMARKS.md "Batches per input shape").
+//! in proportion to pixels everywhere, so on a discrete GPU the agent measures an estimate above
+//! the planned batch before it runs it; on host memory it never runs above the planned batch
+//! (`agent::pipeline`; BENCHMARKS.md "Batches per input shape").
 
 use serde::Serialize;
 
 use super::{Plan, ProbeError, Prober};
+use crate::backend::devmem::MemorySource;
 
 /// What a [`Plan`] allows at one input shape.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -64,15 +66,23 @@ pub struct ShapeDecision {
 
 impl Plan {
     /// The batch for inputs of `width x height` when batches of `startup` square pictures are
-    /// known to fit: the estimate ([`Self::for_shape`]), taken as it is at or below `startup`;
-    /// above it, measured first with `prober` (which runs passes at that shape): the estimate,
-    /// then the batch halfway to `startup`, the first whose peak is within the budget; `startup`
-    /// if neither is. Memory is not in proportion to pixels everywhere (on the CPU, 40 pictures
-    /// at 320x224 were measured to need more than 28 at 320x320).
+    /// known to fit: the estimate ([`Self::for_shape`]), taken as it is at or below `startup`.
+    /// Above it, on a discrete GPU, measured first with `prober` (which runs passes at that
+    /// shape): the estimate, then the batch halfway to `startup`, the first whose peak is within
+    /// the budget; `startup` if neither is. Memory is not in proportion to pixels everywhere (on
+    /// the CPU, 40 pictures at 320x224 were measured to need more than 28 at 320x320).
+    ///
+    /// On host memory (the CPU, an integrated GPU) the shape runs at `startup` at most, never
+    /// measured above it: there a batch over the limit is not an error but the kernel's OOM
+    /// killer, and a pass measured inside the running agent shares the process with the
+    /// pipeline's own allocations (in a 256 MiB cgroup, 41 pictures at 320x224 read 241 MiB in
+    /// the agent against 178 MiB predicted, and an agent measuring them was OOM-killed). Every
+    /// shape a letterbox makes fits inside the planned square, so its batches
+    /// of `startup` need no more than the square's verified ones.
     pub fn decide_shape(&self, prober: &mut impl Prober, side: u32, width: u32, height: u32, startup: usize) -> ShapeDecision {
         let estimate = self.for_shape(side, width, height);
         let mut decision = ShapeDecision { estimate, batch: estimate.batch.min(startup), verified_peak: None, tried: Vec::new() };
-        if estimate.batch <= startup {
+        if estimate.batch <= startup || self.budget.source != MemorySource::CudaDriver {
             return decision;
         }
         for b in [estimate.batch, (estimate.batch + startup).div_ceil(2)] {
@@ -101,14 +111,14 @@ fn square_equivalent(batch: usize, area_ratio: f64) -> usize {
     ((batch as f64 * area_ratio - 1e-9).ceil() as usize).max(1)
 }
 
-/// A plan of `batch` (of `max_batch`) at the square, for tests: peaks 30, 50 and 90 MiB measured
-/// at batches 1, 2 and 4.
+/// A plan of `batch` (of `max_batch`) at the square on a discrete GPU with 1 GiB free, for
+/// tests: peaks 30, 50 and 90 MiB measured at batches 1, 2 and 4.
 #[cfg(test)]
 pub(crate) fn test_plan(batch: usize, max_batch: usize) -> Plan {
-    use crate::backend::devmem::{DeviceMemory, Limit, MemorySource};
+    use crate::backend::devmem::{DeviceMemory, Limit};
     use crate::planner::{Budget, MemoryFit, PlannerConfig};
     let fit = MemoryFit::fit(&[(1, 30 << 20), (2, 50 << 20), (4, 90 << 20)]).expect("three points fit");
-    let mem = DeviceMemory { free: 1 << 30, total: 2 << 30, source: MemorySource::HostMeminfo, limit: Limit::Meminfo("MemAvailable") };
+    let mem = DeviceMemory { free: 1 << 30, total: 2 << 30, source: MemorySource::CudaDriver, limit: Limit::Driver };
     Plan {
         budget: Budget::new(mem, &PlannerConfig { max_batch, ..Default::default() }),
         max_batch,
@@ -125,6 +135,7 @@ pub(crate) fn test_plan(batch: usize, max_batch: usize) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::test_plan as plan;
+    use crate::backend::devmem::MemorySource;
     use crate::planner::{ProbeError, Prober};
 
     /// Peaks of `per_picture` bytes per picture, out of memory above `capacity`.
@@ -186,6 +197,21 @@ mod tests {
         let d = p.decide_shape(&mut prober, 640, 640, 640, 30);
         assert_eq!(d.batch, 30);
         assert!(prober.calls.is_empty());
+    }
+
+    #[test]
+    fn on_host_memory_a_shape_never_runs_above_the_startup_batch() {
+        for source in [MemorySource::HostMeminfo, MemorySource::IntegratedMeminfo] {
+            let mut p = plan(30, 256);
+            p.budget.source = source;
+            let mut prober = AtShape { per_picture: 1, capacity: u64::MAX, calls: vec![] };
+            // 640x384 estimates 50: kept at 30, nothing measured
+            let d = p.decide_shape(&mut prober, 640, 640, 384, 30);
+            assert_eq!((d.estimate.batch, d.batch, d.verified_peak, d.tried.len()), (50, 30, None, 0), "{source:?}");
+            // below the startup batch the estimate still holds
+            assert_eq!(p.decide_shape(&mut prober, 640, 640, 1280, 30).batch, 15);
+            assert!(prober.calls.is_empty(), "{source:?}: {:?}", prober.calls);
+        }
     }
 
     #[test]
