@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import defaultdict
 
 
 def rows_of(path):
-    if not path:
+    if not path or not os.path.exists(path):
         return {}
     d = json.load(open(path))
     out = {}

@@ -33,7 +33,7 @@
 #      RECT_MODELS (real,t,c) RECT_TIMEOUT (420): step rectparity
 #      ALGO_VARIANTS (t) ALGO_ROUNDS (4) ALGO_BATCHES (1,2,4,8,16,32,64): step algos
 #      SHAPE_CASES ("t:4GiB c:4GiB t:16GiB") SHAPES (640x384,640x480,480x640,640x640) SHAPE_TIMEOUT (240): step shapes
-#      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c) COMPILE_JSON (an earlier
+#      LADDER_BATCHES (1,2,4,...,256) LADDER_ITERS (1000) LADDER_EAGER_VARIANTS (t,c; none: no eager run of ours) COMPILE_JSON (an earlier
 #      torch_compile.json for the table): step ladder; COMPILE_VARIANTS (t,s,c) COMPILE_BATCHES (1,8,64): step compile
 #      RS_VARIANTS (t,c) RS_BATCHES (1,64) RS_INPUT (640x384, a 1280x720 frame's rectangle): step rectsquare
 #      FUSION_VARIANTS (t,c) FUSION_BATCHES (1,8) FUSION_INPUT (384x640) FUSION_TIMEOUT (420): step fusion
@@ -264,8 +264,10 @@ if has ladder; then
   say "## yolo-edge bench f16 model only, CUDA graphs for every batch (default) and eager (--cuda-graphs off), beside PyTorch eager (both layouts)"
   timeout "${LADDER_TIMEOUT:-240}" "$BIN" bench --device cuda:0 --variants "$VARIANTS" --dtype f16 --batches "$LB" --mode model --warmup 3 --iters "${LADDER_ITERS:-1000}" --out "$W/ladder-graphs" > "$W/ladder-graphs.md" 2> "$W/ladder-graphs.log"
   echo "rc=$?" >> "$W/ladder-graphs.log"
-  timeout "${LADDER_TIMEOUT:-240}" "$BIN" bench --device cuda:0 --variants "${LADDER_EAGER_VARIANTS:-t,c}" --dtype f16 --batches "$LB" --mode model --warmup 3 --iters 100 --cuda-graphs off --out "$W/ladder-eager" > "$W/ladder-eager.md" 2> "$W/ladder-eager.log"
-  echo "rc=$?" >> "$W/ladder-eager.log"
+  if [ "${LADDER_EAGER_VARIANTS:-t,c}" != none ]; then
+    timeout "${LADDER_TIMEOUT:-240}" "$BIN" bench --device cuda:0 --variants "${LADDER_EAGER_VARIANTS:-t,c}" --dtype f16 --batches "$LB" --mode model --warmup 3 --iters 100 --cuda-graphs off --out "$W/ladder-eager" > "$W/ladder-eager.md" 2> "$W/ladder-eager.log"
+    echo "rc=$?" >> "$W/ladder-eager.log"
+  fi
   VARIANTS="$VARIANTS" BATCHES="$LB" MODES=fp16,fp16cl OUT="$W" timeout "${TORCH_TIMEOUT:-240}" python3 "$DEV"/bench_torch.py > "$W/torch.log" 2>&1
   echo "rc=$?" >> "$W/torch.log"
   # bench_torch.py writes its JSON at the end; cut short, its rows are the JSON lines it printed

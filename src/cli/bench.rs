@@ -147,12 +147,14 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
             Ok(n)
         }
         Work::E2e { files, th, feed } => {
-            // one batch alone, from the files to the detections: the latency a picture sees
-            let pictures: Vec<Picture> = files
-                .par_iter()
-                .map(|p| feed::prepare(p, feed).0)
-                .collect::<Result<_, _>>()
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            // one batch alone, from the files to the detections: the latency a picture sees (one
+            // file is read on this thread: handing it to the pool would only add a wake-up)
+            let prepare = |p: &&PathBuf| feed::prepare(p, feed).0;
+            let pictures: Result<Vec<Picture>, _> = match files.as_slice() {
+                [one] => std::iter::once(one).map(prepare).collect(),
+                _ => files.par_iter().map(prepare).collect(),
+            };
+            let pictures = pictures.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
             let refs: Vec<&Picture> = pictures.iter().collect();
             let mut n = 0;
             for d in det.detect_pictures(&refs, th, &feed.limits)? {

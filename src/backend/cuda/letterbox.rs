@@ -5,11 +5,13 @@
 //!
 //! The tap tables (source index and weights per destination column and row) are computed on the
 //! host by the same `linear_taps` the host resize uses, uploaded once per picture shape and kept
-//! (a bounded cache).
+//! (a bounded cache). Each launch's slot table is written into page-locked memory and copied on
+//! the stream into a device table, both kept: a copy from pageable memory would wait for all the
+//! work queued on the stream before it (a pass of the model already running).
 
 use std::collections::HashMap;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, PinnedHostSlice, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::CudaDevice;
 
@@ -34,10 +36,20 @@ pub(crate) struct Source {
     pub h: u32,
 }
 
-/// Tap tables on the device per (source width, height, new width, height).
+/// Tap tables on the device per (source width, height, new width, height), and the slot table.
 #[derive(Default)]
 pub(crate) struct Letterboxer {
     taps: HashMap<(u32, u32, u32, u32), CudaSlice<i32>>,
+    table: Option<SlotTable>,
+}
+
+/// The launch's slot table: written on the host into `host` (page-locked), copied on the stream
+/// into `dev`; both as long, grown and never shrunk. cudarc orders the uses of `host`: a write
+/// waits for the copy out of it before (`as_mut_slice`), and so does freeing it. The next copy
+/// into `dev` is queued after the launch that read it.
+struct SlotTable {
+    host: PinnedHostSlice<u64>,
+    dev: CudaSlice<u64>,
 }
 
 impl Letterboxer {
@@ -103,13 +115,27 @@ impl Letterboxer {
                 if copy { 1 } else { 2 },
             ]);
         }
-        let table = dev.clone_htod(&table)?;
+        if self.table.as_ref().is_none_or(|t| t.host.len() < table.len()) {
+            self.table = None; // the old buffers are freed after their last copy
+            let words = table.len().next_power_of_two().max(64 * SLOT_WORDS);
+            // SAFETY: page-locked host memory of `words` u64, all zeroed before any other use.
+            let mut host = unsafe { stream.context().alloc_pinned::<u64>(words) }.w()?;
+            host.as_mut_slice().w()?.fill(0);
+            // SAFETY: every copy into it is of the whole host buffer, as long, so all of it is
+            // written before a launch reads it.
+            let dev_table = unsafe { stream.alloc::<u64>(words) }.w()?;
+            self.table = Some(SlotTable { host, dev: dev_table });
+        }
+        let t = self.table.as_mut().expect("slot table allocated above");
+        t.host.as_mut_slice().w()?[..table.len()].copy_from_slice(&table);
+        stream.memcpy_htod(&t.host, &mut t.dev).w()?;
+        let table = &t.dev;
         let func = dev.get_or_load_custom_func("letterbox_u8", MODULE, PTX)?;
         let cfg = super::grid(pixels, 256);
         let (first, count) = (first as u32, slots.len() as u32);
         let mut builder = func.builder();
         builder.arg(base);
-        builder.arg(&table);
+        builder.arg(table);
         builder.arg(&first);
         builder.arg(&count);
         builder.arg(&in_w);
