@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use candle_core::Tensor;
@@ -123,7 +123,13 @@ fn collect_images(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 /// What one timed batch run needs.
 enum Work<'a> {
     Model(Tensor),
-    E2e { files: Vec<&'a PathBuf>, th: Thresholds, feed: FeedOptions },
+    /// `prepared`: the time spent preparing the files ([`feed::prepare`]), summed over runs.
+    E2e {
+        files: Vec<&'a PathBuf>,
+        th: Thresholds,
+        feed: FeedOptions,
+        prepared: std::cell::Cell<Duration>,
+    },
 }
 
 /// Device memory in use outside this process's pool and arena (bytes), with the detector's
@@ -146,7 +152,8 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
             det.device().synchronize()?;
             Ok(n)
         }
-        Work::E2e { files, th, feed } => {
+        Work::E2e { files, th, feed, prepared } => {
+            let t0 = Instant::now();
             // one batch alone, from the files to the detections: the latency a picture sees (one
             // file is read on this thread: handing it to the pool would only add a wake-up)
             let prepare = |p: &&PathBuf| feed::prepare(p, feed).0;
@@ -155,6 +162,7 @@ fn run_once(det: &Detector, w: &Work) -> candle_core::Result<usize> {
                 _ => files.par_iter().map(prepare).collect(),
             };
             let pictures = pictures.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            prepared.set(prepared.get() + t0.elapsed());
             let refs: Vec<&Picture> = pictures.iter().collect();
             let mut n = 0;
             for d in det.detect_pictures(&refs, th, &feed.limits)? {
@@ -327,7 +335,8 @@ fn bench_batch(
             (Work::Model(x), n)
         } else {
             let feed = FeedOptions { batch, imgsz: det.imgsz() as u32, fit: a.fit, jpeg_on_device, ..FeedOptions::default() };
-            (Work::E2e { files: images.iter().cycle().take(batch).collect(), th: Thresholds::default(), feed }, 0)
+            let files = images.iter().cycle().take(batch).collect();
+            (Work::E2e { files, th: Thresholds::default(), feed, prepared: Default::default() }, 0)
         };
         let base = meter.usage().map_err(candle_core::Error::wrap)?.used.saturating_sub(input_bytes);
         // the first pass at a new shape plans it (cuDNN's algorithm search, whose scratch is
@@ -342,6 +351,11 @@ fn bench_batch(
         let peak = meter.usage().map_err(candle_core::Error::wrap)?.used_high.saturating_sub(base);
         let timer = yolo_edge::backend::profile::DeviceTimer::new(det.device())?;
         let (mut t, mut on_device) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+        #[cfg(feature = "cuda")]
+        let _ = det.take_jpeg_profile(); // the timed runs' own
+        if let Work::E2e { prepared, .. } = &work {
+            prepared.set(Duration::ZERO);
+        }
         for _ in 0..iters {
             det.device().synchronize()?;
             let t0 = Instant::now();
@@ -350,6 +364,15 @@ fn bench_batch(
             let dt = timer.stop()?;
             t.push(t0.elapsed().as_secs_f64() * 1e3);
             on_device.extend(dt);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(p) = det.take_jpeg_profile().filter(|p| p.pictures > 0) {
+            eprintln!("  nvJPEG batch {batch}, timed runs (one batch at a time, the device idle before each): {p}");
+        }
+        if let Work::E2e { prepared, .. } = &work {
+            let ms = prepared.get().as_secs_f64() * 1e3 / (iters * batch).max(1) as f64;
+            let what = if jpeg_on_device { "read, headers checked" } else { "read, decoded and letterboxed on the host" };
+            eprintln!("  e2e batch {batch}, timed runs: the files {what}: {ms:.3} ms a picture");
         }
         if mode == "e2e" {
             stream = Some(stream_e2e(det, images, batch, iters, a.fit, jpeg_on_device)?);
