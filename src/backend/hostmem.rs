@@ -85,6 +85,15 @@ pub enum MemorySource {
     HostMeminfo,
 }
 
+impl MemorySource {
+    /// Whether the device's memory is the host's (the CPU, an integrated GPU): there a pass that
+    /// does not fit is the kernel's OOM killer rather than an out-of-memory error, and the
+    /// pipeline's pictures take the same memory as the pass.
+    pub fn is_host_memory(self) -> bool {
+        self != Self::CudaDriver
+    }
+}
+
 /// The limit that set a free-memory figure: the tightest of all that were read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limit {

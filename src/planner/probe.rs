@@ -58,9 +58,7 @@ impl<'a> DetectorProber<'a> {
         // a picture that fills the input exactly
         let geometry = LetterboxGeometry { orig_w: w, orig_h: h, in_w: w, in_h: h, new_w: w, new_h: h, left: 0, top: 0 };
         let picture = Letterboxed { pixels, geometry };
-        let host_memory = devmem::device_memory(det.device())
-            .map(|m| m.source != crate::backend::hostmem::MemorySource::CudaDriver)
-            .unwrap_or(!det.device().is_cuda());
+        let host_memory = devmem::device_memory(det.device()).map(|m| m.source.is_host_memory()).unwrap_or(!det.device().is_cuda());
         Self { det, meter: PeakMeter::new(det.device()), picture, last_used: None, host_memory }
     }
 

@@ -12,7 +12,6 @@
 use serde::Serialize;
 
 use super::{Plan, ProbeError, Prober};
-use crate::backend::devmem::MemorySource;
 
 /// What a [`Plan`] allows at one input shape.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -82,7 +81,7 @@ impl Plan {
     pub fn decide_shape(&self, prober: &mut impl Prober, side: u32, width: u32, height: u32, startup: usize) -> ShapeDecision {
         let estimate = self.for_shape(side, width, height);
         let mut decision = ShapeDecision { estimate, batch: estimate.batch.min(startup), verified_peak: None, tried: Vec::new() };
-        if estimate.batch <= startup || self.budget.source != MemorySource::CudaDriver {
+        if estimate.batch <= startup || self.budget.source.is_host_memory() {
             return decision;
         }
         for b in [estimate.batch, (estimate.batch + startup).div_ceil(2)] {
@@ -115,7 +114,7 @@ fn square_equivalent(batch: usize, area_ratio: f64) -> usize {
 /// tests: peaks 30, 50 and 90 MiB measured at batches 1, 2 and 4.
 #[cfg(test)]
 pub(crate) fn test_plan(batch: usize, max_batch: usize) -> Plan {
-    use crate::backend::devmem::{DeviceMemory, Limit};
+    use crate::backend::devmem::{DeviceMemory, Limit, MemorySource};
     use crate::planner::{Budget, MemoryFit, PlannerConfig};
     let fit = MemoryFit::fit(&[(1, 30 << 20), (2, 50 << 20), (4, 90 << 20)]).expect("three points fit");
     let mem = DeviceMemory { free: 1 << 30, total: 2 << 30, source: MemorySource::CudaDriver, limit: Limit::Driver };
