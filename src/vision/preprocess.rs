@@ -66,17 +66,72 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
 }
 
 /// Every check [`decode_image`] makes on a JPEG before it decodes a pixel (size, format,
-/// truncation, dimensions against `limits`, a header claiming more blocks than the file has
-/// bits), without decoding any: the stored width and height (before EXIF orientation) and the
-/// EXIF orientation. For decoders that take the file elsewhere (nvJPEG) and ignore EXIF.
+/// truncation, the headers as its decoder reads them, dimensions against `limits`, a header
+/// claiming more blocks than the file has bits), without decoding any: the stored width and height
+/// (before EXIF orientation) and the EXIF orientation. For decoders that take the file elsewhere
+/// (nvJPEG) and ignore EXIF.
+///
+/// The headers are read by the same decoder with the same options as [`decode_image`]'s (image's
+/// JPEG decoder is zune-jpeg), straight from `bytes`: image's decoder would first copy the whole
+/// file and read its headers twice, three times the cost of the check.
 pub fn check_jpeg_header(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u32, Orientation), ImageError> {
     let reader = open(bytes, limits)?;
     if reader.format() != Some(image::ImageFormat::Jpeg) {
         return Err(ImageError::NotJpeg);
     }
-    let (mut decoder, width, height) = checked_decoder(reader, image::ImageFormat::Jpeg, bytes, limits)?;
-    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    check_jpeg_complete(bytes)?;
+    let corrupt = |reason: String| ImageError::Corrupt { format: "JPEG".into(), reason };
+    let options = zune_core::options::DecoderOptions::default().set_strict_mode(false).set_max_width(usize::MAX).set_max_height(usize::MAX);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(bytes), options);
+    decoder.decode_headers().map_err(|e| corrupt(e.to_string()))?;
+    let (w, h) = decoder.dimensions().ok_or_else(|| corrupt("no frame header".into()))?;
+    // a JPEG frame's sides are 16-bit
+    let (Ok(width), Ok(height)) = (u32::try_from(w), u32::try_from(h)) else {
+        return Err(corrupt(format!("a frame of {w}x{h}")));
+    };
+    check_dimensions(width, height, limits)?;
+    check_jpeg_scan_size(bytes, width, height)?;
+    let orientation = decoder.exif().and_then(|exif| Orientation::from_exif_chunk(exif)).unwrap_or(Orientation::NoTransforms);
     Ok((width, height, orientation))
+}
+
+/// A picture's stored size against `limits` (and not empty).
+fn check_dimensions(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), ImageError> {
+    if width == 0
+        || height == 0
+        || width > limits.max_side
+        || height > limits.max_side
+        || (width as u64) * (height as u64) > limits.max_pixels
+    {
+        return Err(ImageError::Dimensions { width, height, max_side: limits.max_side, max_pixels: limits.max_pixels });
+    }
+    Ok(())
+}
+
+/// A cut-off JPEG refused: decoders fill a cut-off scan with grey and succeed, and a half-written
+/// upload is not a picture.
+fn check_jpeg_complete(bytes: &[u8]) -> Result<(), ImageError> {
+    if jpeg_is_complete(bytes) {
+        Ok(())
+    } else {
+        Err(ImageError::Corrupt { format: "JPEG".into(), reason: "truncated: no end-of-image marker after the last scan".into() })
+    }
+}
+
+/// Every 8x8 block of a Huffman-coded scan costs at least one bit, so a header that claims more
+/// blocks than the file has bits is a stub: refused before any allocation.
+fn check_jpeg_scan_size(bytes: &[u8], width: u32, height: u32) -> Result<(), ImageError> {
+    let least = u64::from(width.div_ceil(8)) * u64::from(height.div_ceil(8)) / 8;
+    if (bytes.len() as u64) < least {
+        return Err(ImageError::Corrupt {
+            format: "JPEG".into(),
+            reason: format!(
+                "the header claims {width}x{height}, which needs at least {least} bytes of scan data; the file has {}",
+                bytes.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The encoded file's size checks and its guessed format.
@@ -102,36 +157,15 @@ fn checked_decoder<'a>(
     bytes: &[u8],
     limits: &DecodeLimits,
 ) -> Result<(impl ImageDecoder + 'a, u32, u32), ImageError> {
-    let fmt_name = format_name(format);
-    let corrupt = |e: image::ImageError| ImageError::Corrupt { format: fmt_name.clone(), reason: e.to_string() };
-    if format == image::ImageFormat::Jpeg && !jpeg_is_complete(bytes) {
-        // decoders fill a cut-off scan with grey and succeed; a half-written upload is not a picture
-        return Err(ImageError::Corrupt { format: fmt_name, reason: "truncated: no end-of-image marker after the last scan".into() });
+    let corrupt = |e: image::ImageError| ImageError::Corrupt { format: format_name(format), reason: e.to_string() };
+    if format == image::ImageFormat::Jpeg {
+        check_jpeg_complete(bytes)?;
     }
     let mut decoder = reader.into_decoder().map_err(corrupt)?;
     let (width, height) = decoder.dimensions();
-    if width == 0
-        || height == 0
-        || width > limits.max_side
-        || height > limits.max_side
-        || (width as u64) * (height as u64) > limits.max_pixels
-    {
-        return Err(ImageError::Dimensions { width, height, max_side: limits.max_side, max_pixels: limits.max_pixels });
-    }
+    check_dimensions(width, height, limits)?;
     if format == image::ImageFormat::Jpeg {
-        // every 8x8 block of a Huffman-coded scan costs at least one bit, so a header that
-        // claims more blocks than the file has bits is a stub: refused before any allocation
-        let blocks = u64::from(width.div_ceil(8)) * u64::from(height.div_ceil(8));
-        let least = blocks / 8;
-        if (bytes.len() as u64) < least {
-            return Err(ImageError::Corrupt {
-                format: fmt_name,
-                reason: format!(
-                    "the header claims {width}x{height}, which needs at least {least} bytes of scan data; the file has {}",
-                    bytes.len()
-                ),
-            });
-        }
+        check_jpeg_scan_size(bytes, width, height)?;
     }
     let mut img_limits = image::Limits::default();
     img_limits.max_image_width = Some(limits.max_side);
@@ -203,11 +237,16 @@ pub fn jpeg_frame_key(b: &[u8]) -> Option<JpegFrameKey> {
 
 /// True when an end-of-image marker follows the last start-of-scan marker. Entropy-coded data
 /// stuffs every 0xFF with 0x00, so neither marker can appear inside a scan by chance.
-/// Found from the end through the file's 0xFF bytes alone (memchr's SIMD search): the check runs
-/// on every picture and must cost little beside decoding it.
+///
+/// Read as: a start of scan exists, and none follows the last end of image. In a complete file
+/// the last end of image is its last two bytes and the first start of scan ends its headers, so
+/// the check reads a few bytes at each end (memchr's SIMD search over 0xFF bytes) instead of the
+/// whole scan; it runs on every picture and must cost little beside decoding it.
 fn jpeg_is_complete(b: &[u8]) -> bool {
-    let last = |m: u8| memchr::memrchr_iter(0xFF, b).find(|&i| b.get(i + 1) == Some(&m));
-    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
+    let marker = |i: usize, m: u8| b.get(i + 1) == Some(&m);
+    let Some(eoi) = memchr::memrchr_iter(0xFF, b).find(|&i| marker(i, 0xD9)) else { return false };
+    let sos_after = memchr::memchr_iter(0xFF, &b[eoi..]).any(|i| marker(eoi + i, 0xDA));
+    !sos_after && memchr::memchr_iter(0xFF, &b[..eoi]).any(|i| marker(i, 0xDA))
 }
 
 /// Reads and decodes an image file (see [`read_image_file`]).
@@ -626,6 +665,72 @@ mod tests {
         RgbImage::new(4, 4).write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
         assert!(matches!(check_jpeg_header(&png, &DecodeLimits::default()), Err(ImageError::NotJpeg)));
         assert!(decode_image(&png, &DecodeLimits::default()).is_ok());
+        // a header the decoder cannot read: refused by both
+        let mut bad = ok.clone();
+        let sof = bad.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+        bad[sof + 9] = 0; // no components
+        let (c, d) = (check_jpeg_header(&bad, &DecodeLimits::default()), decode_image(&bad, &DecodeLimits::default()));
+        assert!(matches!(c, Err(ImageError::Corrupt { .. })) && d.is_err(), "{c:?} {d:?}");
+    }
+
+    /// `jpeg` with an APP1 EXIF segment (big-endian TIFF, one IFD entry) giving `orientation`.
+    fn with_exif_orientation(jpeg: &[u8], orientation: u16) -> Vec<u8> {
+        let mut tiff = b"MM\0\x2a\0\0\0\x08".to_vec();
+        tiff.extend_from_slice(&1u16.to_be_bytes()); // one entry
+        tiff.extend_from_slice(&[0x01, 0x12, 0, 3, 0, 0, 0, 1]); // Orientation, SHORT, count 1
+        tiff.extend_from_slice(&orientation.to_be_bytes());
+        tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]); // value padding, no next IFD
+        let mut payload = b"Exif\0\0".to_vec();
+        payload.extend_from_slice(&tiff);
+        let mut out = jpeg[..2].to_vec();
+        out.extend_from_slice(&[0xFF, 0xE1]);
+        out.extend_from_slice(&(payload.len() as u16 + 2).to_be_bytes());
+        out.extend_from_slice(&payload);
+        out.extend_from_slice(&jpeg[2..]);
+        out
+    }
+
+    #[test]
+    fn the_jpeg_header_check_reads_the_exif_orientation_that_decode_image_applies() {
+        for (tag, want) in
+            [(1, Orientation::NoTransforms), (3, Orientation::Rotate180), (6, Orientation::Rotate90), (8, Orientation::Rotate270)]
+        {
+            let jpeg = with_exif_orientation(&encoded(64, 48, 90), tag);
+            let (w, h, o) = check_jpeg_header(&jpeg, &DecodeLimits::default()).unwrap();
+            assert_eq!((w, h, o), (64, 48, want), "orientation tag {tag}");
+            let img = decode_image(&jpeg, &DecodeLimits::default()).unwrap();
+            let turned = matches!(want, Orientation::Rotate90 | Orientation::Rotate270);
+            assert_eq!(img.dimensions(), if turned { (48, 64) } else { (64, 48) }, "orientation tag {tag}");
+        }
+    }
+
+    #[test]
+    fn a_jpeg_is_complete_when_an_end_of_image_follows_its_last_scan() {
+        let ok = encoded(64, 48, 90);
+        assert!(jpeg_is_complete(&ok));
+        // cut anywhere inside the scan, or the end-of-image marker alone cut off
+        let sos = ok.windows(2).rposition(|m| m == [0xFF, 0xDA]).unwrap();
+        for cut in [sos + 1, sos + 20, ok.len() - 2, ok.len() - 1] {
+            assert!(!jpeg_is_complete(&ok[..cut]), "cut at {cut} of {}", ok.len());
+        }
+        // trailing bytes after the end of image are allowed
+        let mut tail = ok.clone();
+        tail.extend_from_slice(&[0, 0, 0xFF]);
+        assert!(jpeg_is_complete(&tail));
+        // an end of image before the main scan (an EXIF thumbnail's) does not make a cut file complete
+        let thumb = encoded(8, 8, 50);
+        let mut with_thumb = ok[..2].to_vec();
+        with_thumb.extend_from_slice(&[0xFF, 0xE1]);
+        with_thumb.extend_from_slice(&(thumb.len() as u16 + 2).to_be_bytes());
+        with_thumb.extend_from_slice(&thumb);
+        with_thumb.extend_from_slice(&ok[2..]);
+        assert!(jpeg_is_complete(&with_thumb));
+        assert!(!jpeg_is_complete(&with_thumb[..with_thumb.len() - 100]));
+        // no scan at all, or a scan after the last end of image
+        assert!(!jpeg_is_complete(&[0xFF, 0xD8, 0xFF, 0xD9]));
+        let mut scan_after = ok.clone();
+        scan_after.extend_from_slice(&[0xFF, 0xDA, 0, 2]);
+        assert!(!jpeg_is_complete(&scan_after));
     }
 
     #[test]
