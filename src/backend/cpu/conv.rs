@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use candle_core::{bail, DType, Device, Result, Storage, Tensor};
 use gemm::{gemm, Parallelism};
 
-use crate::backend::cpu::kernel::{self as cpukernel, silu, Epilogue, Isa, PackedWeights, KC, MR, NR};
+use crate::backend::cpu::kernel::{self as cpukernel, silu, Epilogue, InPlace, Isa, PackedWeights, KC, MR, NR};
 use rayon::prelude::*;
 
 /// The per-picture view of a `(B, C, H, W)` f32 CPU tensor whose pictures are each contiguous
@@ -317,12 +317,15 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
 }
 
 /// One tile through `isa`'s packed-weight kernel (which this CPU runs): output pixels `p0..p1`
-/// of one picture, all channels. im2col (also for 1x1: the panels are the kernel's contiguous
-/// layout) of every input part into this thread's scratch, then `KC`-deep passes of the kernel
-/// over (pixel panels x channel block), the epilogue fused into the last pass's stores.
+/// of one picture, all channels, in `KC`-deep passes of the kernel over (pixel blocks x channel
+/// block), the epilogue fused into the last pass's stores. The right-hand side is read in place
+/// from the inputs where the kernel can ([`InPlace`]: stride 1, output as large as the input,
+/// 1x1 or 3x3) unless `in_place` is off, else from an im2col copy of every input part in this thread's scratch (panels,
+/// also for 1x1: the kernel's contiguous layout).
 #[allow(clippy::too_many_arguments)]
 fn conv_tile_packed(
     isa: Isa,
+    in_place: bool,
     parts: &[(&[f32], usize)],
     pw: &PackedWeights,
     bias: &[f32],
@@ -334,7 +337,42 @@ fn conv_tile_packed(
     p1: usize,
 ) {
     let n = g.oh * g.ow;
-    let (kdim, kk, plane) = (pw.kdim, g.k * g.k, g.h * g.w);
+    let kdim = pw.kdim;
+    let step = isa.panels();
+    // the kernel calls of one pass and one pixel block: `run(k0, kc, q, nv, cb, epi)` writes
+    // channel block cb at pixels q..q + nv
+    let passes = |run: &mut dyn FnMut(usize, usize, usize, usize, usize, Option<Epilogue>)| {
+        for k0 in (0..kdim).step_by(KC) {
+            let kc = KC.min(kdim - k0);
+            for q in (p0..p1).step_by(step * NR) {
+                let nv = (step * NR).min(p1 - q);
+                for cb in 0..pw.blocks() {
+                    let c0 = cb * MR;
+                    // the last pass adds bias, SiLU and residual before storing
+                    let epi =
+                        (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
+                    run(k0, kc, q, nv, cb, epi);
+                }
+            }
+        }
+    };
+    let in_place =
+        if in_place && isa.in_place() && g.s == 1 && (g.oh, g.ow) == (g.h, g.w) { InPlace::new(parts, g.h, g.w, g.k) } else { None };
+    if let Some(src) = in_place {
+        let mut masks = src.masks(p0, 0);
+        passes(&mut |k0, kc, q, nv, cb, epi| {
+            if cb == 0 {
+                masks = src.masks(q, nv);
+            }
+            let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
+            // SAFETY: this CPU runs AVX-512F (`isa.in_place()`); the block is channels c0.. (mv of
+            // them) x pixels q..q+nv of this picture, inside its CO x n block and written by no
+            // other tile; bias has CO values and the residual is shaped like the output.
+            unsafe { cpukernel::block_in_place(kc, pw.block(cb, k0), &src, k0, &masks, dst.0.add(c0 * n + q), n, k0 > 0, mv, epi) };
+        });
+        return;
+    }
+    let (kk, plane) = (g.k * g.k, g.h * g.w);
     let panels = (p1 - p0).div_ceil(NR);
     with_scratch(panels * kdim * NR, |cols| {
         let mut k_base = 0;
@@ -344,28 +382,18 @@ fn conv_tile_packed(
             }
             k_base += c * kk;
         }
-        let step = isa.panels();
-        for k0 in (0..kdim).step_by(KC) {
-            let kc = KC.min(kdim - k0);
-            for j in (0..panels).step_by(step) {
-                let q = p0 + j * NR;
-                let nv = (step * NR).min(p1 - q);
-                let panel = |j: usize| &cols[j * kdim * NR + k0 * NR..j * kdim * NR + (k0 + kc) * NR];
-                let pair = [panel(j), if nv > NR { panel(j + 1) } else { &[] }];
-                let b = &pair[..nv.div_ceil(NR)];
-                for cb in 0..pw.blocks() {
-                    let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
-                    // the last pass adds bias, SiLU and residual before storing
-                    let epi =
-                        (k0 + kc == kdim).then(|| Epilogue { bias: bias[c0..].as_ptr(), act, res: res.map(|r| r[c0 * n + q..].as_ptr()) });
-                    // SAFETY: this CPU runs `isa`'s kernel (detected by the caller); the block is
-                    // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its
-                    // CO x n block and written by no other tile; bias has CO values and the
-                    // residual is shaped like the output.
-                    unsafe { cpukernel::block(isa, kc, pw.block(cb, k0), b, dst.0.add(c0 * n + q), n, k0 > 0, mv, nv, epi) };
-                }
-            }
-        }
+        passes(&mut |k0, kc, q, nv, cb, epi| {
+            let j = (q - p0) / NR;
+            let panel = |j: usize| &cols[j * kdim * NR + k0 * NR..j * kdim * NR + (k0 + kc) * NR];
+            let pair = [panel(j), if nv > NR { panel(j + 1) } else { &[] }];
+            let b = &pair[..nv.div_ceil(NR)];
+            let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
+            // SAFETY: this CPU runs `isa`'s kernel (detected by the caller); the block is
+            // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its
+            // CO x n block and written by no other tile; bias has CO values and the
+            // residual is shaped like the output.
+            unsafe { cpukernel::block(isa, kc, pw.block(cb, k0), b, dst.0.add(c0 * n + q), n, k0 > 0, mv, nv, epi) };
+        });
     });
 }
 
@@ -405,6 +433,22 @@ pub fn conv2d(
     padding: usize,
     act: bool,
     residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    fused(inputs, weight, packed, bias, stride, padding, act, residual, true)
+}
+
+/// [`conv2d`], with the packed kernel's in-place reading allowed or not (the tests compare both).
+#[allow(clippy::too_many_arguments)]
+fn fused(
+    inputs: &[&Tensor],
+    weight: &Tensor,
+    packed: Option<&PackedWeights>,
+    bias: &Tensor,
+    stride: usize,
+    padding: usize,
+    act: bool,
+    residual: Option<&Tensor>,
+    in_place: bool,
 ) -> Result<Tensor> {
     let (co, ci, k, k2) = weight.dims4()?;
     let Some(first) = inputs.first() else { bail!("cpuconv: no input") };
@@ -477,6 +521,7 @@ pub fn conv2d(
                 let dst = unsafe { base.add(i * out_len) };
                 conv_tile_packed(
                     isa,
+                    in_place,
                     &parts_of(i),
                     pw,
                     bv,
@@ -596,6 +641,65 @@ mod tests {
                 assert!(rel_err(&got, &want) < 1e-5);
             }
         }
+    }
+
+    /// The packed kernel reading its input in place gives the same bits as through im2col, for
+    /// the layer shapes it takes (stride 1, 1x1 or 3x3 "same"): odd widths, pictures narrower
+    /// than a panel, 1- and 2-row pictures, several tiles, a reduction deeper than one pass,
+    /// channel slices as inputs, concatenated 1x1 inputs, batch > 1, with and without SiLU and
+    /// residual. Both also match candle's `conv2d`.
+    #[test]
+    fn in_place_gives_the_im2col_bits() {
+        if !Isa::detect().is_some_and(Isa::in_place) {
+            return;
+        }
+        let dev = Device::Cpu;
+        let mut checked = 0;
+        for &(b, ci, co, h, w) in &[
+            (1, 3, 8, 1, 1),
+            (1, 4, 7, 1, 5),
+            (2, 5, 6, 1, 37),
+            (1, 6, 13, 2, 3),
+            (3, 7, 5, 2, 19),
+            (1, 8, 6, 3, 16),
+            (2, 9, 12, 5, 7),
+            (1, 16, 9, 9, 33),
+            (2, 40, 14, 11, 13),
+            (1, 30, 20, 40, 40),
+            (3, 12, 6, 20, 20),
+            (1, 8, 8, 64, 47),
+            (4, 6, 7, 6, 5),
+        ] {
+            for k in [1, 3] {
+                let big = Tensor::randn(0f32, 1.0, (b, ci + 3, h, w), &dev).unwrap();
+                let x = big.narrow(1, 2, ci).unwrap();
+                let wt = Tensor::randn(0f32, 0.5, (co, ci, k, k), &dev).unwrap();
+                let bias = Tensor::randn(0f32, 1.0, co, &dev).unwrap();
+                let res = Tensor::randn(0f32, 1.0, (b, co + 1, h, w), &dev).unwrap().narrow(1, 1, co).unwrap();
+                let pw = PackedWeights::new(&wt).unwrap();
+                // 1x1: the input as one part and as a concatenation of two
+                let (xa, xb) = (x.narrow(1, 0, ci / 2 + 1).unwrap(), x.narrow(1, ci / 2 + 1, ci - ci / 2 - 1).unwrap());
+                let inputs: Vec<Vec<&Tensor>> = if k == 1 && ci > 2 { vec![vec![&x], vec![&xa, &xb]] } else { vec![vec![&x]] };
+                for ins in inputs {
+                    for (act, r) in [(false, None), (true, None), (true, Some(&res))] {
+                        let run = |in_place| fused(&ins, &wt, Some(&pw), &bias, 1, k / 2, act, r, in_place).unwrap();
+                        let (got, im2col) = (run(true), run(false));
+                        let (gv, iv) =
+                            (got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), im2col.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+                        let same = gv.iter().zip(&iv).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "b{b} ci{ci} co{co} {h}x{w} k{k} parts{} act{act} res{}", ins.len(), r.is_some());
+                        let mut want = reference(&x, &wt, &bias, 1, k / 2, act);
+                        if let Some(r) = r {
+                            want = (want + r).unwrap();
+                        }
+                        let e = rel_err(&got, &want);
+                        assert!(e < 1e-5, "b{b} ci{ci} co{co} {h}x{w} k{k} act{act}: rel err {e}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked >= 90, "{checked}");
     }
 
     #[test]

@@ -90,6 +90,12 @@ impl Isa {
         None
     }
 
+    /// Whether this kernel reads a stride-1 convolution's input in place ([`block_in_place`]):
+    /// the AVX-512 one, whose masked loads read only the lanes inside the picture.
+    pub fn in_place(self) -> bool {
+        self == Isa::Avx512
+    }
+
     /// Pixel panels one call of this kernel covers.
     pub fn panels(self) -> usize {
         match self {
@@ -233,20 +239,25 @@ unsafe fn kernel<const M: usize>(
     }
 }
 
-/// `c[i * ldc + j] (+)= sum_k a[k * MR + i] * b[j / NR][k * NR + j % NR]` for `i < M`,
-/// `j < n` (`(P - 1) * NR < n <= P * NR`): `M x P` accumulators of 16 lanes, `P` loads of `b` and
-/// `M` broadcasts of `a` per `k`; the columns past `n` are masked off (neither read nor written).
+/// `c[i * ldc + j] (+)= sum_k a[k * MR + i] * B(k, j)` for `i < M`, `j < n`
+/// (`(P - 1) * NR < n <= P * NR`): `M x P` accumulators of 16 lanes, `P` loads of `B` and `M`
+/// broadcasts of `a` per `k`; the columns past `n` are masked off (never written). `B(k, j)` is
+/// `b[j / NR][k * NR + j % NR]` (packed panels), or with `IN_PLACE` the input value that `g`
+/// names: `g.addr[k] + g.at + j` where bit `j % NR` of `g.masks[j / NR][g.taps[k]]` is set, zero
+/// elsewhere (the masked-off lanes are not read).
 ///
 /// # Safety
-/// AVX-512F must be available; `a` holds `kc * MR` values, each `b[p]` `kc * NR`, and `c` is
+/// AVX-512F must be available; `a` holds `kc * MR` values; each `b[p]` `kc * NR` (packed), or
+/// `g.addr` and `g.taps` `kc` values and every unmasked lane is readable (in place); `c` is
 /// writable at `i * ldc + j` for `i < M`, `j < n` (as the epilogue's residual is readable).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel512<const M: usize, const P: usize>(
+unsafe fn kernel512<const M: usize, const P: usize, const IN_PLACE: bool>(
     kc: usize,
     a: *const f32,
     b: [*const f32; P],
+    g: &Gather,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -260,7 +271,14 @@ unsafe fn kernel512<const M: usize, const P: usize>(
         use std::arch::x86_64::*;
         let mut acc = [[_mm512_setzero_ps(); P]; M];
         for k in 0..kc {
-            let bv: [__m512; P] = std::array::from_fn(|p| _mm512_loadu_ps(b[p].add(k * NR)));
+            let bv: [__m512; P] = std::array::from_fn(|p| {
+                if IN_PLACE {
+                    let mask = g.masks[p][(*g.taps.add(k) & 15) as usize];
+                    _mm512_maskz_loadu_ps(mask, (*g.addr.add(k)).wrapping_add(g.at + p * NR))
+                } else {
+                    _mm512_loadu_ps(b[p].add(k * NR))
+                }
+            });
             for (i, row) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*a.add(k * MR + i));
                 for (r, bp) in row.iter_mut().zip(&bv) {
@@ -289,16 +307,18 @@ unsafe fn kernel512<const M: usize, const P: usize>(
     }
 }
 
-/// [`kernel512`] for `m` rows (`1..=MR`) over the panels `b` (1 or 2 of them).
+/// [`kernel512`] for `m` rows (`1..=MR`) over one panel (`n <= NR`) or two.
 ///
 /// # Safety
-/// As [`block`], with AVX-512F available.
+/// As [`kernel512`], with `b[1]` (packed) or the second panel's lanes (in place) read only for
+/// `n > NR`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dispatch512(
+unsafe fn dispatch512<const IN_PLACE: bool>(
     kc: usize,
     a: *const f32,
-    b: &[&[f32]],
+    b: [*const f32; 2],
+    g: &Gather,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -309,21 +329,21 @@ unsafe fn dispatch512(
     macro_rules! rows {
         ($p:literal, $b:expr) => {
             match m {
-                6 => kernel512::<6, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
-                5 => kernel512::<5, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
-                4 => kernel512::<4, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
-                3 => kernel512::<3, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
-                2 => kernel512::<2, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
-                _ => kernel512::<1, $p>(kc, a, $b, c, ldc, accumulate, n, epi),
+                6 => kernel512::<6, $p, IN_PLACE>(kc, a, $b, g, c, ldc, accumulate, n, epi),
+                5 => kernel512::<5, $p, IN_PLACE>(kc, a, $b, g, c, ldc, accumulate, n, epi),
+                4 => kernel512::<4, $p, IN_PLACE>(kc, a, $b, g, c, ldc, accumulate, n, epi),
+                3 => kernel512::<3, $p, IN_PLACE>(kc, a, $b, g, c, ldc, accumulate, n, epi),
+                2 => kernel512::<2, $p, IN_PLACE>(kc, a, $b, g, c, ldc, accumulate, n, epi),
+                _ => kernel512::<1, $p, IN_PLACE>(kc, a, $b, g, c, ldc, accumulate, n, epi),
             }
         };
     }
-    // SAFETY: forwarded from the caller; the panel count matches `n` (asserted by `block`).
+    // SAFETY: forwarded from the caller; the panel count matches `n`.
     unsafe {
-        match b {
-            [b0] => rows!(1, [b0.as_ptr()]),
-            [b0, b1, ..] => rows!(2, [b0.as_ptr(), b1.as_ptr()]),
-            [] => {}
+        if n > NR {
+            rows!(2, b)
+        } else {
+            rows!(1, [b[0]])
         }
     }
 }
@@ -414,7 +434,10 @@ pub unsafe fn block(
     // SAFETY: forwarded from the caller (see # Safety); the operand extents are asserted above.
     unsafe {
         match isa {
-            Isa::Avx512 => dispatch512(kc, a.as_ptr(), b, c, ldc, accumulate, m, n, epi),
+            Isa::Avx512 => {
+                let b = [b[0].as_ptr(), b.get(1).map_or(std::ptr::null(), |p| p.as_ptr())];
+                dispatch512::<false>(kc, a.as_ptr(), b, &Gather::NONE, c, ldc, accumulate, m, n, epi)
+            }
             Isa::Avx2 => dispatch(kc, a.as_ptr(), b[0].as_ptr(), c, ldc, accumulate, m, n, epi),
         }
     }
@@ -422,6 +445,154 @@ pub unsafe fn block(
     {
         let _ = (isa, kc, a, b, c, ldc, accumulate, m, n, epi);
         unreachable!("cpukernel::block without a kernel for this CPU")
+    }
+}
+
+/// What the in-place kernel reads for one block (see [`kernel512`]): per reduction row the input
+/// address of pixel 0's tap (`addr`; wrapping, it may lie outside the input) and the tap
+/// (`taps`, the index into `masks`), the block's first pixel `at`, and per panel and tap the
+/// lanes to read.
+struct Gather {
+    addr: *const *const f32,
+    taps: *const u8,
+    at: usize,
+    masks: [[u16; 16]; 2],
+}
+
+impl Gather {
+    /// The packed kernels' placeholder: nothing is read through it.
+    const NONE: Gather = Gather { addr: std::ptr::null(), taps: std::ptr::null(), at: 0, masks: [[0; 16]; 2] };
+}
+
+/// The right-hand side of a stride-1 convolution whose output is as large as its input (`k` 1
+/// or 3, padding `k / 2`), read in place from the input pictures instead of from an im2col copy
+/// (an indirect convolution). With the pixels flattened (`q = oy * W + ox`, the same for input
+/// and output), tap `(ky, kx)` of input channel `c` at pixel `q` is the input value at
+/// `c * H * W + q + (ky - k / 2) * W + (kx - k / 2)`: one offset per reduction row, so a panel's
+/// `NR` pixels are `NR` consecutive input values. The lanes whose tap falls into the padding
+/// (where the offset wraps into the neighbouring row or channel, or out of the input) are masked
+/// off and read as zero, which is what im2col writes there: both paths run the same
+/// multiply-adds in the same order and give the same bits.
+pub struct InPlace<'a> {
+    /// per reduction row (input part, channel, `ky`, `kx`: the packed weight's order), where
+    /// pixel 0's tap would be, computed with wrapping arithmetic (it may point outside the input)
+    addr: Vec<*const f32>,
+    /// per reduction row: `ky * k + kx`
+    taps: Vec<u8>,
+    h: usize,
+    w: usize,
+    k: usize,
+    inputs: std::marker::PhantomData<&'a [f32]>,
+}
+
+/// The lanes of one block of pixels that [`block_in_place`] reads: per panel and tap, the pixels
+/// whose tap lies inside the picture (made by [`InPlace::masks`]).
+pub struct BlockMasks {
+    at: usize,
+    n: usize,
+    geom: (usize, usize, usize),
+    masks: [[u16; 16]; 2],
+}
+
+impl<'a> InPlace<'a> {
+    /// The reduction rows of `parts` (one picture's inputs, each `(values, channels)` with at
+    /// least `channels * h * w` values), `None` unless `k` is 1 or 3 and every part holds all of
+    /// its channels.
+    pub fn new(parts: &[(&'a [f32], usize)], h: usize, w: usize, k: usize) -> Option<Self> {
+        if !(k == 1 || k == 3) || parts.iter().any(|(x, c)| x.len() < c * h * w) {
+            return None;
+        }
+        let (pad, plane) = ((k / 2) as isize, h * w);
+        let rows = parts.iter().map(|(_, c)| c * k * k).sum();
+        let (mut addr, mut taps) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        for (x, c) in parts {
+            for ch in 0..*c {
+                for ky in 0..k {
+                    for kx in 0..k {
+                        let off = (ch * plane) as isize + (ky as isize - pad) * w as isize + kx as isize - pad;
+                        addr.push(x.as_ptr().wrapping_offset(off));
+                        taps.push((ky * k + kx) as u8);
+                    }
+                }
+            }
+        }
+        Some(Self { addr, taps, h, w, k, inputs: std::marker::PhantomData })
+    }
+
+    /// The lanes to read for output pixels `at..at + n` (`n <= 2 * NR`, inside the picture):
+    /// bit `j` of panel `p`'s mask for tap `(ky, kx)` is set where pixel `q = at + p * NR + j`
+    /// is one of them and its tap's input pixel `(q / W + ky - k / 2, q % W + kx - k / 2)` lies
+    /// inside the picture.
+    pub fn masks(&self, at: usize, n: usize) -> BlockMasks {
+        assert!(n <= 2 * NR && at + n <= self.h * self.w, "cpukernel: pixels {at}+{n} of {}x{}", self.h, self.w);
+        let (pad, k) = (self.k / 2, self.k);
+        let mut masks = [[0u16; 16]; 2];
+        let (mut oy, mut ox) = (at / self.w, at % self.w);
+        for j in 0..n {
+            for ky in 0..k {
+                if (oy + ky).wrapping_sub(pad) < self.h {
+                    for kx in 0..k {
+                        if (ox + kx).wrapping_sub(pad) < self.w {
+                            masks[j / NR][ky * k + kx] |= 1 << (j % NR);
+                        }
+                    }
+                }
+            }
+            ox += 1;
+            if ox == self.w {
+                (oy, ox) = (oy + 1, 0);
+            }
+        }
+        BlockMasks { at, n, geom: (self.h, self.w, self.k), masks }
+    }
+}
+
+/// [`block`] with the right-hand side read in place: reduction rows `k0..k0 + kc` of `src` at
+/// the `bm.n` pixels of `bm`, on the AVX-512 kernel (the one kernel with an in-place variant).
+///
+/// # Safety
+/// This CPU must run AVX-512F; `c` must be writable at `i * ldc + j` for `i < m`, `j < bm.n`,
+/// `epi`'s bias readable at `i < m` and its residual at `i * ldc + j` (the operands' extents are
+/// checked, and what is read of the input is inside it by construction of `src` and `bm`).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn block_in_place(
+    kc: usize,
+    a: &[f32],
+    src: &InPlace,
+    k0: usize,
+    bm: &BlockMasks,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    m: usize,
+    epi: Option<Epilogue>,
+) {
+    assert!(
+        a.len() >= kc * MR
+            && k0 + kc <= src.addr.len()
+            && bm.geom == (src.h, src.w, src.k)
+            && (1..=MR).contains(&m)
+            && (1..=2 * NR).contains(&bm.n),
+        "cpukernel: in-place block {m}x{} at rows {k0}+{kc}",
+        bm.n
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let g = Gather { addr: src.addr[k0..].as_ptr(), taps: src.taps[k0..].as_ptr(), at: bm.at, masks: bm.masks };
+        // SAFETY: the CPU runs AVX-512F and `c`, `epi` are as the caller guarantees; `g.addr` and
+        // `g.taps` hold `kc` rows (asserted). Every lane the kernel reads is inside an input part:
+        // a set bit of `bm` means pixel q = at + p * NR + j < at + n <= H * W (so its row oy =
+        // q / W < H) whose tap's input pixel (iy, ix) lies inside the H x W picture, and for
+        // reduction row (part, channel ch, ky, kx) the lane's address is
+        // addr + q = part + ch * H * W + iy * W + ix with ch < channels and the part holding
+        // channels * H * W values (`InPlace::new`); `bm` was made for this geometry (asserted).
+        // Masked-off lanes are not accessed.
+        unsafe { dispatch512::<true>(kc, a.as_ptr(), [std::ptr::null(); 2], &g, c, ldc, accumulate, m, bm.n, epi) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kc, a, src, k0, bm, c, ldc, accumulate, m, epi);
+        unreachable!("cpukernel::block_in_place without a kernel for this CPU")
     }
 }
 
@@ -545,6 +716,88 @@ mod tests {
             }
             assert!(wide.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits()), "act {act}");
         }
+    }
+
+    /// `block_in_place` against the plain sums over a zero-padded input, for every block of
+    /// pictures of many shapes (1x1 and 3x3, one and two input parts, narrow and short pictures,
+    /// reduction rows from the middle). The inputs sit between NaNs, so a lane read outside a
+    /// part (a padding tap) would show; values are small integers, so the sums are exact.
+    #[test]
+    fn in_place_matches_naive() {
+        if !isas().contains(&Isa::Avx512) {
+            return;
+        }
+        let mut checked = 0;
+        for &(h, w) in &[(1, 1), (1, 5), (2, 3), (2, 17), (3, 16), (5, 7), (4, 32), (7, 33), (9, 40), (6, 20), (1, 70)] {
+            for k in [1, 3] {
+                for chans in [vec![1], vec![2], vec![3, 2]] {
+                    let plane = h * w;
+                    // each part between NaNs, its values small integers
+                    let bufs: Vec<Vec<f32>> = chans
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &c)| {
+                            let mut v = vec![f32::NAN; c * plane + 2 * (w + 2)];
+                            for (j, x) in v[w + 2..w + 2 + c * plane].iter_mut().enumerate() {
+                                *x = ((j * 7 + i * 3) % 9) as f32 - 4.0;
+                            }
+                            v
+                        })
+                        .collect();
+                    let parts: Vec<(&[f32], usize)> = bufs.iter().zip(&chans).map(|(b, &c)| (&b[w + 2..w + 2 + c * plane], c)).collect();
+                    let src = InPlace::new(&parts, h, w, k).unwrap();
+                    let kdim = chans.iter().sum::<usize>() * k * k;
+                    // B(row, pixel): the tap's input value, zero in the padding
+                    let tap = |row: usize, q: usize| {
+                        let (mut r, mut part) = (row, 0);
+                        while r >= chans[part] * k * k {
+                            r -= chans[part] * k * k;
+                            part += 1;
+                        }
+                        let (ch, ky, kx) = (r / (k * k), r % (k * k) / k, r % k);
+                        let (iy, ix) = ((q / w + ky).wrapping_sub(k / 2), (q % w + kx).wrapping_sub(k / 2));
+                        if iy < h && ix < w {
+                            parts[part].0[ch * plane + iy * w + ix]
+                        } else {
+                            0.0
+                        }
+                    };
+                    let a: Vec<f32> = (0..kdim * MR).map(|i| ((i * 5) % 7) as f32 - 3.0).collect();
+                    for k0 in [0, kdim / 2] {
+                        let kc = kdim - k0;
+                        for at in (0..plane).step_by(2 * NR) {
+                            let n = (2 * NR).min(plane - at);
+                            let bm = src.masks(at, n);
+                            for m in [MR, 5, 1] {
+                                for acc in [false, true] {
+                                    let ldc = 2 * NR + 3;
+                                    let mut c = vec![1f32; MR * ldc];
+                                    // SAFETY: the CPU runs AVX-512F; c has MR rows of ldc >= n values.
+                                    unsafe { block_in_place(kc, &a[k0 * MR..], &src, k0, &bm, c.as_mut_ptr(), ldc, acc, m, None) };
+                                    for i in 0..MR {
+                                        for j in 0..ldc {
+                                            let want = if i < m && j < n {
+                                                (k0..kdim).map(|r| a[r * MR + i] * tap(r, at + j)).sum::<f32>()
+                                                    + if acc { 1.0 } else { 0.0 }
+                                            } else {
+                                                1.0
+                                            };
+                                            assert_eq!(
+                                                c[i * ldc + j],
+                                                want,
+                                                "{h}x{w} k{k} {chans:?} rows {k0}.. at {at} m{m} acc{acc}: {i},{j}"
+                                            );
+                                        }
+                                    }
+                                    checked += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 500, "{checked} blocks");
     }
 
     #[test]
