@@ -325,7 +325,7 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
 #[allow(clippy::too_many_arguments)]
 fn conv_tile_packed(
     isa: Isa,
-    in_place: bool,
+    in_place: Option<&InPlace>,
     parts: &[(&[f32], usize)],
     pw: &PackedWeights,
     bias: &[f32],
@@ -356,8 +356,6 @@ fn conv_tile_packed(
             }
         }
     };
-    let in_place =
-        if in_place && isa.in_place() && g.s == 1 && (g.oh, g.ow) == (g.h, g.w) { InPlace::new(parts, g.h, g.w, g.k) } else { None };
     if let Some(src) = in_place {
         let mut masks = src.masks(p0, 0);
         passes(&mut |k0, kc, q, nv, cb, epi| {
@@ -368,7 +366,7 @@ fn conv_tile_packed(
             // SAFETY: this CPU runs AVX-512F (`isa.in_place()`); the block is channels c0.. (mv of
             // them) x pixels q..q+nv of this picture, inside its CO x n block and written by no
             // other tile; bias has CO values and the residual is shaped like the output.
-            unsafe { cpukernel::block_in_place(kc, pw.block(cb, k0), &src, k0, &masks, dst.0.add(c0 * n + q), n, k0 > 0, mv, epi) };
+            unsafe { cpukernel::block_in_place(kc, pw.block(cb, k0), src, k0, &masks, dst.0.add(c0 * n + q), n, k0 > 0, mv, epi) };
         });
         return;
     }
@@ -515,13 +513,16 @@ fn fused(
             let n = g.oh * g.ow;
             let nb = tile_pixels(pw.kdim, n, b, threads, isa.panels());
             let tiles = n.div_ceil(nb);
+            let reads_in_place = in_place && isa.in_place() && g.s == 1 && (g.oh, g.ow) == (h, w);
+            let sources: Vec<Option<InPlace>> =
+                (0..b).map(|i| if reads_in_place { InPlace::new(&parts_of(i), h, w, k) } else { None }).collect();
             run_tiles(b * tiles, &|j: usize| {
                 let (i, t) = (j / tiles, j % tiles);
                 // SAFETY: picture i's block lies inside the allocation of b * out_len elements.
                 let dst = unsafe { base.add(i * out_len) };
                 conv_tile_packed(
                     isa,
-                    in_place,
+                    sources[i].as_ref(),
                     &parts_of(i),
                     pw,
                     bv,

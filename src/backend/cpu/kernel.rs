@@ -485,6 +485,12 @@ pub struct InPlace<'a> {
     inputs: std::marker::PhantomData<&'a [f32]>,
 }
 
+// SAFETY: an `InPlace` only reads, through addresses derived from the shared slices it borrows
+// for `'a` (as `&'a [f32]` is Send and Sync).
+unsafe impl Send for InPlace<'_> {}
+// SAFETY: as for Send.
+unsafe impl Sync for InPlace<'_> {}
+
 /// The lanes of one block of pixels that [`block_in_place`] reads: per panel and tap, the pixels
 /// whose tap lies inside the picture (made by [`InPlace::masks`]).
 pub struct BlockMasks {
@@ -525,22 +531,35 @@ impl<'a> InPlace<'a> {
     /// inside the picture.
     pub fn masks(&self, at: usize, n: usize) -> BlockMasks {
         assert!(n <= 2 * NR && at + n <= self.h * self.w, "cpukernel: pixels {at}+{n} of {}x{}", self.h, self.w);
-        let (pad, k) = (self.k / 2, self.k);
-        let mut masks = [[0u16; 16]; 2];
+        // per lane (bit j: pixel at + j): in the block, and in the picture's first / last row /
+        // column (where the taps reaching above / below / left / right fall into the padding)
+        let (mut top, mut bottom, mut left, mut right) = (0u32, 0u32, 0u32, 0u32);
         let (mut oy, mut ox) = (at / self.w, at % self.w);
         for j in 0..n {
-            for ky in 0..k {
-                if (oy + ky).wrapping_sub(pad) < self.h {
-                    for kx in 0..k {
-                        if (ox + kx).wrapping_sub(pad) < self.w {
-                            masks[j / NR][ky * k + kx] |= 1 << (j % NR);
-                        }
-                    }
-                }
-            }
+            let bit = 1u32 << j;
+            top |= if oy == 0 { bit } else { 0 };
+            bottom |= if oy + 1 == self.h { bit } else { 0 };
+            left |= if ox == 0 { bit } else { 0 };
+            right |= if ox + 1 == self.w { bit } else { 0 };
             ox += 1;
             if ox == self.w {
                 (oy, ox) = (oy + 1, 0);
+            }
+        }
+        let valid = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+        // with padding k / 2 (0 or 1) only tap 0 reaches above / left, only tap k - 1 below / right
+        let pad = self.k / 2;
+        let off = |d: usize, before: u32, after: u32| match d.cmp(&pad) {
+            std::cmp::Ordering::Less => before,
+            std::cmp::Ordering::Greater => after,
+            std::cmp::Ordering::Equal => 0,
+        };
+        let mut masks = [[0u16; 16]; 2];
+        for ky in 0..self.k {
+            for kx in 0..self.k {
+                let m = valid & !off(ky, top, bottom) & !off(kx, left, right);
+                masks[0][ky * self.k + kx] = m as u16;
+                masks[1][ky * self.k + kx] = (m >> 16) as u16;
             }
         }
         BlockMasks { at, n, geom: (self.h, self.w, self.k), masks }
