@@ -1,16 +1,22 @@
-//! The model's f32 convolution on the CPU, on raw slices: im2col (skipped for 1x1) -> GEMM
-//! straight into the NCHW output -> bias + SiLU (+ residual) in one pass while the output is still
-//! in cache. The result is wrapped in a `Tensor` once.
+//! The model's f32 convolution on the CPU, on raw slices: GEMM straight into the NCHW output ->
+//! bias + SiLU (+ residual) in one pass while the output is still in cache. The result is
+//! wrapped in a `Tensor` once.
 //!
 //! Going through candle's element-wise ops instead costs a full pass over memory per op (bias add,
 //! SiLU, residual add, concat), each behind candle's spinning barrier pool, and candle's `conv2d`
 //! re-lays out input and kernel on every call. Here:
-//! - a 1x1 convolution reads each picture's `(C, H*W)` block as the GEMM's right-hand side, and
-//!   several inputs of a 1x1 convolution are a concatenation that is never materialised: each one
+//! - the GEMM runs on the packed-weight micro-kernels ([`cpukernel`]) where the CPU has AVX2 or
+//!   AVX-512; its right-hand side is read in place from the input where the kernel can (the
+//!   AVX-512 one, for stride-1 1x1 and 3x3 convolutions whose output is as large as their input:
+//!   an indirect convolution, [`InPlace`]), else from an im2col copy of the tile written in the
+//!   kernel's panels (stride-2 layers, the AVX2 kernel);
+//! - without AVX2 the `gemm` crate runs it: im2col (skipped for 1x1, which reads each picture's
+//!   `(C, H*W)` block as the GEMM's right-hand side) -> GEMM -> epilogue;
+//! - several inputs of a 1x1 convolution are a concatenation that is never materialised: each one
 //!   is a slice of the weight's columns, accumulated into the same output (ELAN, RepCSP, SPPELAN);
 //! - inputs that are channel slices (`narrow` on dim 1) of a contiguous tensor are read in place;
-//! - the output is cut into tiles of whole output rows (of one picture, all channels) sized so
-//!   that the tile's im2col columns stay in L2; each tile runs im2col -> single-threaded GEMM ->
+//! - the output is cut into tiles of output pixels (of one picture, all channels) sized so that
+//!   the tile's im2col columns stay in L2; each tile runs (im2col ->) single-threaded GEMM ->
 //!   epilogue while its data is in cache, and tiles (of all pictures of the batch) are spread over
 //!   rayon's threads: no synchronisation inside a layer, no batch transposes;
 //! - the im2col buffer is reused per thread instead of being allocated per call.
