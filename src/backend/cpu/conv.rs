@@ -369,10 +369,11 @@ fn conv_tile_packed(
                 masks = src.masks(q, nv);
             }
             let (c0, mv) = (cb * MR, MR.min(g.co - cb * MR));
-            // SAFETY: this CPU runs AVX-512F (`isa.in_place()`); the block is channels c0.. (mv of
-            // them) x pixels q..q+nv of this picture, inside its CO x n block and written by no
-            // other tile; bias has CO values and the residual is shaped like the output.
-            unsafe { cpukernel::block_in_place(kc, pw.block(cb, k0), src, k0, &masks, dst.0.add(c0 * n + q), n, k0 > 0, mv, epi) };
+            // SAFETY: this CPU runs `isa`'s kernel (detected by the caller); the block is
+            // channels c0.. (mv of them) x pixels q..q+nv of this picture, inside its CO x n
+            // block and written by no other tile; bias has CO values and the residual is shaped
+            // like the output.
+            unsafe { cpukernel::block_in_place(isa, kc, pw.block(cb, k0), src, k0, &masks, dst.0.add(c0 * n + q), n, k0 > 0, mv, epi) };
         });
         return;
     }
@@ -438,10 +439,11 @@ pub fn conv2d(
     act: bool,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
-    fused(inputs, weight, packed, bias, stride, padding, act, residual, true)
+    fused(inputs, weight, packed, bias, stride, padding, act, residual, Isa::detect(), true)
 }
 
-/// [`conv2d`], with the packed kernel's in-place reading allowed or not (the tests compare both).
+/// [`conv2d`] on the packed kernel of `isa` (which this CPU must run; `None`: the `gemm` crate),
+/// with its in-place reading allowed or not (the tests compare both).
 #[allow(clippy::too_many_arguments)]
 fn fused(
     inputs: &[&Tensor],
@@ -452,6 +454,7 @@ fn fused(
     padding: usize,
     act: bool,
     residual: Option<&Tensor>,
+    isa: Option<Isa>,
     in_place: bool,
 ) -> Result<Tensor> {
     let (co, ci, k, k2) = weight.dims4()?;
@@ -514,12 +517,12 @@ fn fused(
             (0..count).for_each(run);
         }
     };
-    match (packed, Isa::detect()) {
+    match (packed, isa) {
         (Some(pw), Some(isa)) => {
             let n = g.oh * g.ow;
             let nb = tile_pixels(pw.kdim, n, b, threads, isa.panels());
             let tiles = n.div_ceil(nb);
-            let reads_in_place = in_place && isa.in_place() && g.s == 1 && (g.oh, g.ow) == (h, w);
+            let reads_in_place = in_place && g.s == 1 && (g.oh, g.ow) == (h, w);
             let sources: Vec<Option<InPlace>> =
                 (0..b).map(|i| if reads_in_place { InPlace::new(&parts_of(i), h, w, k) } else { None }).collect();
             run_tiles(b * tiles, &|j: usize| {
@@ -657,9 +660,6 @@ mod tests {
     /// residual. Both also match candle's `conv2d`.
     #[test]
     fn in_place_gives_the_im2col_bits() {
-        if !Isa::detect().is_some_and(Isa::in_place) {
-            return;
-        }
         let dev = Device::Cpu;
         let mut checked = 0;
         for &(b, ci, co, h, w) in &[
@@ -689,24 +689,28 @@ mod tests {
                 let inputs: Vec<Vec<&Tensor>> = if k == 1 && ci > 2 { vec![vec![&x], vec![&xa, &xb]] } else { vec![vec![&x]] };
                 for ins in inputs {
                     for (act, r) in [(false, None), (true, None), (true, Some(&res))] {
-                        let run = |in_place| fused(&ins, &wt, Some(&pw), &bias, 1, k / 2, act, r, in_place).unwrap();
-                        let (got, im2col) = (run(true), run(false));
-                        let (gv, iv) =
-                            (got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), im2col.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-                        let same = gv.iter().zip(&iv).all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "b{b} ci{ci} co{co} {h}x{w} k{k} parts{} act{act} res{}", ins.len(), r.is_some());
-                        let mut want = reference(&x, &wt, &bias, 1, k / 2, act);
-                        if let Some(r) = r {
-                            want = (want + r).unwrap();
+                        for isa in cpukernel::tests::isas() {
+                            let run = |in_place| fused(&ins, &wt, Some(&pw), &bias, 1, k / 2, act, r, Some(isa), in_place).unwrap();
+                            let (got, im2col) = (run(true), run(false));
+                            let (gv, iv) = (
+                                got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                                im2col.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                            );
+                            let same = gv.iter().zip(&iv).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{isa:?} b{b} ci{ci} co{co} {h}x{w} k{k} parts{} act{act} res{}", ins.len(), r.is_some());
+                            let mut want = reference(&x, &wt, &bias, 1, k / 2, act);
+                            if let Some(r) = r {
+                                want = (want + r).unwrap();
+                            }
+                            let e = rel_err(&got, &want);
+                            assert!(e < 1e-5, "{isa:?} b{b} ci{ci} co{co} {h}x{w} k{k} act{act}: rel err {e}");
+                            checked += 1;
                         }
-                        let e = rel_err(&got, &want);
-                        assert!(e < 1e-5, "b{b} ci{ci} co{co} {h}x{w} k{k} act{act}: rel err {e}");
-                        checked += 1;
                     }
                 }
             }
         }
-        assert!(checked >= 90, "{checked}");
+        assert!(checked >= 90 * cpukernel::tests::isas().len(), "{checked}");
     }
 
     #[test]

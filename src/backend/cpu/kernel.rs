@@ -90,12 +90,6 @@ impl Isa {
         None
     }
 
-    /// Whether this kernel reads a stride-1 convolution's input in place ([`block_in_place`]):
-    /// the AVX-512 one, whose masked loads read only the lanes inside the picture.
-    pub fn in_place(self) -> bool {
-        self == Isa::Avx512
-    }
-
     /// Pixel panels one call of this kernel covers.
     pub fn panels(self) -> usize {
         match self {
@@ -188,19 +182,26 @@ unsafe fn silu16(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     _mm512_div_ps(v, _mm512_add_ps(s(1.0), _mm512_mul_ps(y, pow2)))
 }
 
-/// `c[i * ldc + j] (+)= sum_k a[k * MR + i] * b[k * NR + j]` for `i < M` (`M <= MR`), `j < NR`:
-/// `2 * M` accumulators, two loads of `b` and `M` broadcasts of `a` per `k` (`M = 6`: the
-/// classic 6x16 AVX2 shape, 15 of the 16 registers).
+/// `c[i * ldc + j] (+)= sum_k a[k * MR + i] * B(k, j)` for `i < M` (`M <= MR`), `j < NR`:
+/// `2 * M` accumulators, two loads of `B` and `M` broadcasts of `a` per `k` (`M = 6`: the
+/// classic 6x16 AVX2 shape, 15 of the 16 registers). `B(k, j)` is `b[k * NR + j]` (a packed
+/// panel), or with `IN_PLACE` the input value that `g` names, `g.addr[k] + g.at + j`, where lane
+/// `j` of `lanes[g.taps[k]]` (`g.masks[0]` as vector masks) is set, zero elsewhere (the
+/// masked-off lanes are not read).
 ///
 /// # Safety
-/// AVX2 and FMA must be available ([`available`]); `a` holds `kc * MR` values, `b` `kc * NR`,
-/// and `c` is writable at `i * ldc + j` for `i < M`, `j < NR`.
+/// AVX2 and FMA must be available ([`available`]); `a` holds `kc * MR` values; `b` `kc * NR`
+/// (packed), or `g.addr` and `g.taps` `kc` values, `lanes` 16 masks and every unmasked lane is
+/// readable (in place); `c` is writable at `i * ldc + j` for `i < M`, `j < NR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel<const M: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel<const M: usize, const IN_PLACE: bool>(
     kc: usize,
     a: *const f32,
     b: *const f32,
+    g: &Gather,
+    lanes: *const [std::arch::x86_64::__m256i; 2],
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -212,8 +213,13 @@ unsafe fn kernel<const M: usize>(
         use std::arch::x86_64::*;
         let mut acc = [[_mm256_setzero_ps(); 2]; M];
         for k in 0..kc {
-            let b0 = _mm256_loadu_ps(b.add(k * NR));
-            let b1 = _mm256_loadu_ps(b.add(k * NR + 8));
+            let (b0, b1) = if IN_PLACE {
+                let l = &*lanes.add((*g.taps.add(k) & 15) as usize);
+                let p = (*g.addr.add(k)).wrapping_add(g.at);
+                (_mm256_maskload_ps(p, l[0]), _mm256_maskload_ps(p.wrapping_add(8), l[1]))
+            } else {
+                (_mm256_loadu_ps(b.add(k * NR)), _mm256_loadu_ps(b.add(k * NR + 8)))
+            };
             for (i, row) in acc.iter_mut().enumerate() {
                 let av = _mm256_broadcast_ss(&*a.add(k * MR + i));
                 row[0] = _mm256_fmadd_ps(av, b0, row[0]);
@@ -348,17 +354,30 @@ unsafe fn dispatch512<const IN_PLACE: bool>(
     }
 }
 
+/// `masks` (one panel's lanes per tap) as the vector masks of [`kernel`]'s two 8-lane loads.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn lane_masks(masks: &[u16; 16]) -> [[std::arch::x86_64::__m256i; 2]; 16] {
+    use std::arch::x86_64::*;
+    let bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    std::array::from_fn(|t| {
+        let half = |bits: u16| _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(i32::from(bits & 255)), bit), bit);
+        [half(masks[t]), half(masks[t] >> 8)]
+    })
+}
+
 /// [`kernel`] with the smallest supported `M >= m`, writing to `c` directly when the block is
 /// whole (`m == M`, `n == NR`), else through a local block of which `m x n` is stored.
 ///
 /// # Safety
-/// As [`block`].
+/// As [`kernel`], with AVX2 and FMA available.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dispatch(
+unsafe fn dispatch<const IN_PLACE: bool>(
     kc: usize,
     a: *const f32,
     b: *const f32,
+    g: &Gather,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -366,13 +385,15 @@ unsafe fn dispatch(
     n: usize,
     epi: Option<Epilogue>,
 ) {
-    // SAFETY: the caller guarantees what [`block`] requires; `tmp` holds MR x NR values and each
+    // SAFETY: the caller guarantees what [`kernel`] requires; `tmp` holds MR x NR values and each
     // row copied back is the `n <= NR` columns of `c` that the caller made writable.
     unsafe {
+        use std::arch::x86_64::_mm256_setzero_si256;
+        let lanes = if IN_PLACE { lane_masks(&g.masks[0]) } else { [[_mm256_setzero_si256(); 2]; 16] };
         let run = |c: *mut f32, ldc: usize, accumulate: bool, epi: Option<Epilogue>| match m {
-            5..=6 => kernel::<6>(kc, a, b, c, ldc, accumulate, epi),
-            3..=4 => kernel::<4>(kc, a, b, c, ldc, accumulate, epi),
-            _ => kernel::<2>(kc, a, b, c, ldc, accumulate, epi),
+            5..=6 => kernel::<6, IN_PLACE>(kc, a, b, g, lanes.as_ptr(), c, ldc, accumulate, epi),
+            3..=4 => kernel::<4, IN_PLACE>(kc, a, b, g, lanes.as_ptr(), c, ldc, accumulate, epi),
+            _ => kernel::<2, IN_PLACE>(kc, a, b, g, lanes.as_ptr(), c, ldc, accumulate, epi),
         };
         if n == NR && matches!(m, 2 | 4 | 6) {
             return run(c, ldc, accumulate, epi);
@@ -438,7 +459,7 @@ pub unsafe fn block(
                 let b = [b[0].as_ptr(), b.get(1).map_or(std::ptr::null(), |p| p.as_ptr())];
                 dispatch512::<false>(kc, a.as_ptr(), b, &Gather::NONE, c, ldc, accumulate, m, n, epi)
             }
-            Isa::Avx2 => dispatch(kc, a.as_ptr(), b[0].as_ptr(), c, ldc, accumulate, m, n, epi),
+            Isa::Avx2 => dispatch::<false>(kc, a.as_ptr(), b[0].as_ptr(), &Gather::NONE, c, ldc, accumulate, m, n, epi),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -452,6 +473,7 @@ pub unsafe fn block(
 /// address of pixel 0's tap (`addr`; wrapping, it may lie outside the input) and the tap
 /// (`taps`, the index into `masks`), the block's first pixel `at`, and per panel and tap the
 /// lanes to read.
+#[cfg(target_arch = "x86_64")]
 struct Gather {
     addr: *const *const f32,
     taps: *const u8,
@@ -459,6 +481,7 @@ struct Gather {
     masks: [[u16; 16]; 2],
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Gather {
     /// The packed kernels' placeholder: nothing is read through it.
     const NONE: Gather = Gather { addr: std::ptr::null(), taps: std::ptr::null(), at: 0, masks: [[0; 16]; 2] };
@@ -567,14 +590,15 @@ impl<'a> InPlace<'a> {
 }
 
 /// [`block`] with the right-hand side read in place: reduction rows `k0..k0 + kc` of `src` at
-/// the `bm.n` pixels of `bm`, on the AVX-512 kernel (the one kernel with an in-place variant).
+/// the `bm.n` pixels of `bm` (at most `isa.panels()` panels of them), on `isa`'s kernel.
 ///
 /// # Safety
-/// This CPU must run AVX-512F; `c` must be writable at `i * ldc + j` for `i < m`, `j < bm.n`,
+/// This CPU must run `isa` ([`Isa::detect`]); `c` must be writable at `i * ldc + j` for `i < m`, `j < bm.n`,
 /// `epi`'s bias readable at `i < m` and its residual at `i * ldc + j` (the operands' extents are
 /// checked, and what is read of the input is inside it by construction of `src` and `bm`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_in_place(
+    isa: Isa,
     kc: usize,
     a: &[f32],
     src: &InPlace,
@@ -591,14 +615,14 @@ pub unsafe fn block_in_place(
             && k0 + kc <= src.addr.len()
             && bm.geom == (src.h, src.w, src.k)
             && (1..=MR).contains(&m)
-            && (1..=2 * NR).contains(&bm.n),
+            && (1..=isa.panels() * NR).contains(&bm.n),
         "cpukernel: in-place block {m}x{} at rows {k0}+{kc}",
         bm.n
     );
     #[cfg(target_arch = "x86_64")]
     {
         let g = Gather { addr: src.addr[k0..].as_ptr(), taps: src.taps[k0..].as_ptr(), at: bm.at, masks: bm.masks };
-        // SAFETY: the CPU runs AVX-512F and `c`, `epi` are as the caller guarantees; `g.addr` and
+        // SAFETY: the CPU runs `isa` and `c`, `epi` are as the caller guarantees; `g.addr` and
         // `g.taps` hold `kc` rows (asserted). Every lane the kernel reads is inside an input part:
         // a set bit of `bm` means pixel q = at + p * NR + j < at + n <= H * W (so its row oy =
         // q / W < H) whose tap's input pixel (iy, ix) lies inside the H x W picture, and for
@@ -606,21 +630,26 @@ pub unsafe fn block_in_place(
         // addr + q = part + ch * H * W + iy * W + ix with ch < channels and the part holding
         // channels * H * W values (`InPlace::new`); `bm` was made for this geometry (asserted).
         // Masked-off lanes are not accessed.
-        unsafe { dispatch512::<true>(kc, a.as_ptr(), [std::ptr::null(); 2], &g, c, ldc, accumulate, m, bm.n, epi) }
+        unsafe {
+            match isa {
+                Isa::Avx512 => dispatch512::<true>(kc, a.as_ptr(), [std::ptr::null(); 2], &g, c, ldc, accumulate, m, bm.n, epi),
+                Isa::Avx2 => dispatch::<true>(kc, a.as_ptr(), std::ptr::null(), &g, c, ldc, accumulate, m, bm.n, epi),
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (kc, a, src, k0, bm, c, ldc, accumulate, m, epi);
+        let _ = (isa, kc, a, src, k0, bm, c, ldc, accumulate, m, epi);
         unreachable!("cpukernel::block_in_place without a kernel for this CPU")
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The kernels this CPU runs (both on an AVX-512 machine, so each is checked).
-    fn isas() -> Vec<Isa> {
+    pub(crate) fn isas() -> Vec<Isa> {
         let mut v = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
@@ -743,9 +772,6 @@ mod tests {
     /// part (a padding tap) would show; values are small integers, so the sums are exact.
     #[test]
     fn in_place_matches_naive() {
-        if !isas().contains(&Isa::Avx512) {
-            return;
-        }
         let mut checked = 0;
         for &(h, w) in &[(1, 1), (1, 5), (2, 3), (2, 17), (3, 16), (5, 7), (4, 32), (7, 33), (9, 40), (6, 20), (1, 70)] {
             for k in [1, 3] {
@@ -782,17 +808,17 @@ mod tests {
                         }
                     };
                     let a: Vec<f32> = (0..kdim * MR).map(|i| ((i * 5) % 7) as f32 - 3.0).collect();
-                    for k0 in [0, kdim / 2] {
+                    for (isa, k0) in isas().into_iter().flat_map(|isa| [(isa, 0), (isa, kdim / 2)]) {
                         let kc = kdim - k0;
-                        for at in (0..plane).step_by(2 * NR) {
-                            let n = (2 * NR).min(plane - at);
+                        for at in (0..plane).step_by(isa.panels() * NR) {
+                            let n = (isa.panels() * NR).min(plane - at);
                             let bm = src.masks(at, n);
                             for m in [MR, 5, 1] {
                                 for acc in [false, true] {
                                     let ldc = 2 * NR + 3;
                                     let mut c = vec![1f32; MR * ldc];
-                                    // SAFETY: the CPU runs AVX-512F; c has MR rows of ldc >= n values.
-                                    unsafe { block_in_place(kc, &a[k0 * MR..], &src, k0, &bm, c.as_mut_ptr(), ldc, acc, m, None) };
+                                    // SAFETY: the CPU runs `isa`; c has MR rows of ldc >= n values.
+                                    unsafe { block_in_place(isa, kc, &a[k0 * MR..], &src, k0, &bm, c.as_mut_ptr(), ldc, acc, m, None) };
                                     for i in 0..MR {
                                         for j in 0..ldc {
                                             let want = if i < m && j < n {
@@ -816,7 +842,7 @@ mod tests {
                 }
             }
         }
-        assert!(checked > 500, "{checked} blocks");
+        assert!(checked > 500 * isas().len(), "{checked} blocks");
     }
 
     #[test]
