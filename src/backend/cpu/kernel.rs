@@ -3,8 +3,13 @@
 //! - weights packed once at load time ([`PackedWeights`]): blocks of [`MR`] output channels,
 //!   each stored `k`-major (`MR` values per `k`), zero rows padding the last block, so the
 //!   per-call weight re-packing of a generic GEMM disappears;
-//! - the im2col columns of a tile, written straight in panels of [`NR`] pixels (`NR` values per
-//!   `k`) by `cpuconv`, so the kernels read both operands contiguously.
+//! - the right-hand side either as the im2col columns of a tile, written straight in panels of
+//!   [`NR`] pixels (`NR` values per `k`) by `cpuconv`, so the kernels read both operands
+//!   contiguously; or, for stride-1 1x1 and 3x3 convolutions whose output is as large as their
+//!   input, as the input itself ([`InPlace`], an indirect convolution): a reduction row of a
+//!   panel is then `NR` consecutive input values at one offset from the panel's first pixel, and
+//!   the lanes whose tap falls into the padding are masked off (AVX-512 mask registers, AVX2
+//!   masked loads), which reads them as the zeros that im2col writes.
 //!
 //! A call computes `MR` channels of the NCHW output over [`Isa::panels`] panels: the AVX2
 //! kernel one panel (`MR x NR` in 12 ymm registers; the last block of a layer with fewer
