@@ -6,10 +6,10 @@
 //! SiLU, residual add, concat), each behind candle's spinning barrier pool, and candle's `conv2d`
 //! re-lays out input and kernel on every call. Here:
 //! - the GEMM runs on the packed-weight micro-kernels ([`cpukernel`]) where the CPU has AVX2 or
-//!   AVX-512; its right-hand side is read in place from the input where the kernel can (the
-//!   AVX-512 one, for stride-1 1x1 and 3x3 convolutions whose output is as large as their input:
-//!   an indirect convolution, [`InPlace`]), else from an im2col copy of the tile written in the
-//!   kernel's panels (stride-2 layers, the AVX2 kernel);
+//!   AVX-512; their right-hand side is read in place from the input for stride-1 1x1 and 3x3
+//!   convolutions whose output is as large as their input (an indirect convolution,
+//!   [`InPlace`]: no copy), else (the stride-2 layers) from an im2col copy of the tile written
+//!   in the kernel's panels;
 //! - without AVX2 the `gemm` crate runs it: im2col (skipped for 1x1, which reads each picture's
 //!   `(C, H*W)` block as the GEMM's right-hand side) -> GEMM -> epilogue;
 //! - several inputs of a 1x1 convolution are a concatenation that is never materialised: each one
@@ -324,10 +324,10 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
 
 /// One tile through `isa`'s packed-weight kernel (which this CPU runs): output pixels `p0..p1`
 /// of one picture, all channels, in `KC`-deep passes of the kernel over (pixel blocks x channel
-/// block), the epilogue fused into the last pass's stores. The right-hand side is read in place
-/// from the inputs where the kernel can ([`InPlace`]: stride 1, output as large as the input,
-/// 1x1 or 3x3) unless `in_place` is off, else from an im2col copy of every input part in this thread's scratch (panels,
-/// also for 1x1: the kernel's contiguous layout).
+/// block), the epilogue fused into the last pass's stores. The right-hand side is read from the
+/// inputs in place where `in_place` is given (stride 1, output as large as the input, 1x1 or
+/// 3x3), else from an im2col copy of every input part in this thread's scratch (panels, the
+/// kernel's contiguous layout).
 #[allow(clippy::too_many_arguments)]
 fn conv_tile_packed(
     isa: Isa,
@@ -345,8 +345,8 @@ fn conv_tile_packed(
     let n = g.oh * g.ow;
     let kdim = pw.kdim;
     let step = isa.panels();
-    // the kernel calls of one pass and one pixel block: `run(k0, kc, q, nv, cb, epi)` writes
-    // channel block cb at pixels q..q + nv
+    // `run(k0, kc, q, nv, cb, epi)` for every pass (reduction rows k0..k0 + kc), pixel block
+    // (pixels q..q + nv) and channel block cb, in that loop order
     let passes = |run: &mut dyn FnMut(usize, usize, usize, usize, usize, Option<Epilogue>)| {
         for k0 in (0..kdim).step_by(KC) {
             let kc = KC.min(kdim - k0);

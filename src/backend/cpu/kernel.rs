@@ -501,6 +501,7 @@ impl Gather {
 /// (where the offset wraps into the neighbouring row or channel, or out of the input) are masked
 /// off and read as zero, which is what im2col writes there: both paths run the same
 /// multiply-adds in the same order and give the same bits.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct InPlace<'a> {
     /// per reduction row (input part, channel, `ky`, `kx`: the packed weight's order), where
     /// pixel 0's tap would be, computed with wrapping arithmetic (it may point outside the input)
@@ -521,6 +522,7 @@ unsafe impl Sync for InPlace<'_> {}
 
 /// The lanes of one block of pixels that [`block_in_place`] reads: per panel and tap, the pixels
 /// whose tap lies inside the picture (made by [`InPlace::masks`]).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct BlockMasks {
     at: usize,
     n: usize,
@@ -598,9 +600,10 @@ impl<'a> InPlace<'a> {
 /// the `bm.n` pixels of `bm` (at most `isa.panels()` panels of them), on `isa`'s kernel.
 ///
 /// # Safety
-/// This CPU must run `isa` ([`Isa::detect`]); `c` must be writable at `i * ldc + j` for `i < m`, `j < bm.n`,
-/// `epi`'s bias readable at `i < m` and its residual at `i * ldc + j` (the operands' extents are
-/// checked, and what is read of the input is inside it by construction of `src` and `bm`).
+/// This CPU must run `isa` ([`Isa::detect`]); `c` must be writable at `i * ldc + j` for
+/// `i < m`, `j < bm.n`, `epi`'s bias readable at `i < m` and its residual at `i * ldc + j` (the
+/// operands' extents are checked, and what is read of the input lies inside it by construction
+/// of `src` and `bm`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_in_place(
     isa: Isa,
