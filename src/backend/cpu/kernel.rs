@@ -212,8 +212,9 @@ unsafe fn kernel<const M: usize, const IN_PLACE: bool>(
     accumulate: bool,
     epi: Option<Epilogue>,
 ) {
-    // SAFETY: the caller guarantees AVX2/FMA and the extents of `a`, `b`, `c` and the epilogue
-    // pointers (see # Safety); every offset below stays inside them.
+    // SAFETY: the caller guarantees AVX2/FMA, the extents of `a`, `b` (or `g` and `lanes`), `c`
+    // and the epilogue pointers, and that every unmasked in-place lane is readable (see
+    // # Safety); every offset below stays inside them, and a masked-off lane is not accessed.
     unsafe {
         use std::arch::x86_64::*;
         let mut acc = [[_mm256_setzero_ps(); 2]; M];
@@ -275,9 +276,9 @@ unsafe fn kernel512<const M: usize, const P: usize, const IN_PLACE: bool>(
     n: usize,
     epi: Option<Epilogue>,
 ) {
-    // SAFETY: the caller guarantees AVX-512F and the extents of `a`, `b`, `c` and the epilogue
-    // pointers (see # Safety); every unmasked offset below stays inside them, and a masked-off
-    // lane is never accessed.
+    // SAFETY: the caller guarantees AVX-512F, the extents of `a`, `b` (or `g`), `c` and the
+    // epilogue pointers, and that every unmasked in-place lane is readable (see # Safety); every
+    // unmasked offset below stays inside them, and a masked-off lane is never accessed.
     unsafe {
         use std::arch::x86_64::*;
         let mut acc = [[_mm512_setzero_ps(); P]; M];
