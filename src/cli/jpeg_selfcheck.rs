@@ -1,6 +1,7 @@
 //! `yolo-edge jpeg-selfcheck` (hidden, CUDA builds): checks the GPU input path on this machine's
-//! GPU: the device letterbox byte for byte against the host's, and nvJPEG decoding against the
-//! host decoder. Prints a table; exits 1 when the device letterbox differs from the host's.
+//! GPU: the device letterbox byte for byte against the host's, nvJPEG decoding against the host
+//! decoder, and the device score filter against the host's. Prints a table; exits 1 when the
+//! device letterbox or score filter differs from the host's.
 
 use std::process::ExitCode;
 

@@ -15,6 +15,9 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/candidates.ptx"));
 const MODULE: &str = "yolo_edge_candidates";
 /// Floats per survivor: x, y, w, h, score, class, picture, anchor.
 const ROW: usize = postprocess::DEVICE_ROW;
+/// Survivor rows copied back with the count, in one copy (32 KiB): more than most batches at
+/// the usual thresholds have. A batch with more takes a second copy for the rest.
+const FIRST_ROWS: usize = 1024;
 
 /// Candidates above `conf` for every picture of a raw output `(B, 4 + nc, A)` on a CUDA device,
 /// each picture's in anchor order; `None` when `raw` is not on a CUDA device.
@@ -32,15 +35,18 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::R
     if total == 0 {
         return Ok(vec![Vec::new(); b]);
     }
-    if raw.elem_count() > u32::MAX as usize || total * ROW > u32::MAX as usize {
+    if raw.elem_count() > u32::MAX as usize || (total + 1) * ROW > u32::MAX as usize {
         candle_core::bail!("candidates: {b} pictures x {a} anchors is more than one launch indexes");
     }
     let raw = raw.contiguous()?;
     let (storage, layout) = raw.storage_and_layout();
     let Storage::Cuda(cs) = &*storage else { candle_core::bail!("candidates: raw output is not on the CUDA device") };
-    let count = dev.alloc_zeros::<u32>(1)?;
-    // SAFETY: only the first `count` rows are written by the kernel, and only those are read.
-    let out = unsafe { dev.alloc::<f32>(total * ROW)? };
+    let stream = dev.cuda_stream();
+    // one header row (its first word counts the survivors), then a row per survivor
+    // SAFETY: the header is zeroed below, and of the rows only the first `count` (written by the
+    // kernel) are read.
+    let mut out = unsafe { dev.alloc::<f32>((total + 1) * ROW)? };
+    stream.memset_zeros(&mut out.slice_mut(..ROW)).w()?;
     let blocks = total.div_ceil(256).clamp(1, 1 << 16) as u32;
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (bu, nou, au) = (b as u32, no as u32, a as u32);
@@ -55,9 +61,8 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::R
             builder.arg(&au);
             builder.arg(&conf);
             builder.arg(&out);
-            builder.arg(&count);
             // SAFETY: argument list matches `kernels/candidates.cu`; the input holds b*no*a
-            // elements from its offset (contiguous), the output b*a rows.
+            // elements from its offset (contiguous), the output a header and b*a rows.
             unsafe { builder.launch(cfg) }.w()?;
         }};
     }
@@ -67,7 +72,68 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::R
         dt => candle_core::bail!("candidates: unsupported dtype {dt:?}"),
     }
     drop(storage);
-    let n = (dev.clone_dtoh(&count)?[0] as usize).min(total);
-    let rows = if n > 0 { dev.clone_dtoh(&out.slice(..n * ROW))? } else { Vec::new() };
+    // the count and the first rows in one copy; a crowded batch takes a second for the rest
+    let first = total.min(FIRST_ROWS);
+    let mut rows = dev.clone_dtoh(&out.slice(..(1 + first) * ROW))?;
+    let n = (rows[0].to_bits() as usize).min(total);
+    rows.drain(..ROW);
+    if n > first {
+        rows.extend(dev.clone_dtoh(&out.slice((1 + first) * ROW..(1 + n) * ROW))?);
+    }
+    rows.truncate(n * ROW);
     Ok(postprocess::candidates_from_rows(&rows, b, a))
+}
+
+/// The device filter against a plain host filter over raw outputs made on the host, f32 and
+/// f16, at thresholds that let none, a few hundred (one copy), thousands (a second copy) and
+/// every anchor through; a line per case into `report`. Returns the candidates that differ in
+/// any field (0 expected: both sides compare the same values). For `yolo-edge jpeg-selfcheck`.
+pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_core::Result<u64> {
+    use std::fmt::Write;
+    // three pictures of yolov9t's 640x384 anchors, 80 classes
+    let (b, nc, a) = (3usize, 80usize, 5040usize);
+    let no = 4 + nc;
+    // pseudo-random values in [0, 1), quantised to 1/1024 so that classes tie now and then
+    let values: Vec<f32> = (0..b * no * a)
+        .map(|i| {
+            let mut v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            v ^= v >> 31;
+            v = v.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            ((v >> 40) % 1024) as f32 / 1024.0
+        })
+        .collect();
+    let host = Tensor::from_vec(values, (b, no, a), &Device::Cpu)?;
+    let mut wrong = 0u64;
+    writeln!(report, "device score filter against the host's ({b} pictures x {a} anchors, {nc} classes; expected 0 differing)").ok();
+    writeln!(report, "{:<6} {:>10} {:>11} {:>9}", "dtype", "conf", "candidates", "differing").ok();
+    for dtype in [DType::F32, DType::F16] {
+        let raw = host.to_dtype(dtype)?;
+        let v = raw.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let on_device = raw.to_device(&Device::Cuda(dev.clone()))?;
+        for conf in [1.0f32, 0.9995, 0.99, -1.0] {
+            let want: Vec<Vec<Candidate>> = (0..b)
+                .map(|n| {
+                    let at = |row: usize, j: usize| v[(n * no + row) * a + j];
+                    (0..a)
+                        .filter_map(|j| {
+                            // the first of equal best scores, as the kernel (and torch's max)
+                            let (class_id, score) =
+                                (0..nc).fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
+                            (score > conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
+                        })
+                        .collect()
+                })
+                .collect();
+            let got = run(dev, &on_device, conf)?;
+            let mut differing = 0u64;
+            for (g, w) in got.iter().zip(&want) {
+                differing += g.iter().zip(w).filter(|(x, y)| x != y).count() as u64 + g.len().abs_diff(w.len()) as u64;
+            }
+            differing += got.len().abs_diff(want.len()) as u64;
+            let count: usize = want.iter().map(Vec::len).sum();
+            writeln!(report, "{:<6} {conf:>10} {count:>11} {differing:>9}", format!("{dtype:?}").to_lowercase()).ok();
+            wrong += differing;
+        }
+    }
+    Ok(wrong)
 }

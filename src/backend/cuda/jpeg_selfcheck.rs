@@ -2,7 +2,8 @@
 //! the device letterbox against the host's `letterbox_fit`, byte for byte, on synthetic pictures
 //! uploaded raw; then nvJPEG + the device letterbox against the host decoder + `letterbox_fit` on
 //! the same pictures encoded as JPEG (IDCT and chroma upsampling differ between decoders, so small
-//! differences are expected there), with the fallbacks written back through `write_slot`.
+//! differences are expected there), with the fallbacks written back through `write_slot`; and at
+//! the other end of the pass, the device score filter against a host filter.
 
 use std::fmt::Write;
 
@@ -18,7 +19,8 @@ const SIZES: [(u32, u32); 5] = [(1920, 1080), (773, 512), (1000, 597), (333, 333
 const SIZE: u32 = 640;
 
 /// What the check found: a table for people, and the count of bytes where the device letterbox
-/// differs from the host's (0 expected; the JPEG differences are reported, not counted).
+/// differs from the host's plus the candidates where the device score filter differs from the
+/// host's (0 expected; the JPEG differences are reported, not counted).
 pub struct SelfCheck {
     pub report: String,
     pub kernel_mismatches: u64,
@@ -146,6 +148,9 @@ pub fn jpeg_selfcheck(dev: &CudaDevice) -> candle_core::Result<SelfCheck> {
     writeln!(r, "{:<11} {:<7} {:<9} {max:>7} {bad:>12}", "batch of 7", "square", format!("{SIZE}x{SIZE}")).ok();
 
     writeln!(r).ok();
+    let differing = super::candidates::selfcheck(dev, &mut r)?;
+    mismatches += differing;
+    writeln!(r).ok();
     match GpuJpeg::new(dev, 1) {
         Err(e) => {
             writeln!(r, "nvJPEG: {e}").ok();
@@ -155,8 +160,12 @@ pub fn jpeg_selfcheck(dev: &CudaDevice) -> candle_core::Result<SelfCheck> {
     writeln!(r).ok();
     writeln!(
         r,
-        "device letterbox: {}",
-        if mismatches == 0 { "OK (bit-exact)".to_string() } else { format!("FAILED: {mismatches} mismatching bytes") }
+        "device letterbox and score filter: {}",
+        if mismatches == 0 {
+            "OK (bit-exact)".to_string()
+        } else {
+            format!("FAILED: {} mismatching bytes, {differing} differing candidates", mismatches - differing)
+        }
     )
     .ok();
     Ok(SelfCheck { report: r, kernel_mismatches: mismatches })

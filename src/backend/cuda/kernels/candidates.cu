@@ -1,15 +1,17 @@
 // Score filtering on the device. For every anchor j of picture n in the raw output
 // (B, 4 + nc, A): the best class and its score; an anchor whose best score is above `conf` is
-// appended to one list shared by the batch as 8 floats (x, y, w, h, score, class, n, j), and
-// `count` is incremented. Only the count and the survivors go back to the host, which orders
-// them by (n, j). Ties between classes keep the first (as torch's max). Contiguous input.
+// appended to one list shared by the batch as 8 floats (x, y, w, h, score, class, n, j). `out`
+// starts with one 8-float header whose first word counts the rows (an unsigned integer, zeroed
+// before the launch); the rows follow it, so that the count and the first rows come back to the
+// host in one copy, which orders them by (n, j). Ties between classes keep the first (as torch's
+// max). Contiguous input.
 // Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/candidates.rs.
 #include "common.cuh"
 
 template <typename T>
-__device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned int a, float conf, float *out,
-                       unsigned int *count) {
+__device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned int a, float conf, float *out) {
   const unsigned int total = b * a;
+  unsigned int *count = reinterpret_cast<unsigned int *>(out);
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
     const unsigned int n = i / a, j = i % a;
     const T *p = raw + (size_t)n * no * a + j;
@@ -24,7 +26,7 @@ __device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned i
     }
     if (best > conf) {
       const unsigned int k = atomicAdd(count, 1u);
-      float *o = out + (size_t)k * 8;
+      float *o = out + 8 + (size_t)k * 8;
       o[0] = ld(p[0]);
       o[1] = ld(p[(size_t)a]);
       o[2] = ld(p[2 * (size_t)a]);
@@ -38,11 +40,11 @@ __device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned i
 }
 
 extern "C" __global__ void select_f32(const float *raw, unsigned int b, unsigned int no, unsigned int a, float conf,
-                                      float *out, unsigned int *count) {
-  select<float>(raw, b, no, a, conf, out, count);
+                                      float *out) {
+  select<float>(raw, b, no, a, conf, out);
 }
 
 extern "C" __global__ void select_f16(const __half *raw, unsigned int b, unsigned int no, unsigned int a, float conf,
-                                      float *out, unsigned int *count) {
-  select<__half>(raw, b, no, a, conf, out, count);
+                                      float *out) {
+  select<__half>(raw, b, no, a, conf, out);
 }

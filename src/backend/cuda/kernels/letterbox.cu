@@ -5,6 +5,9 @@
 // `((h0>>4)*b0)>>16 + ((h1>>4)*b1)>>16`, `(+2)>>2`, clamped), from tap tables the host computes with
 // the same `linear_taps`; a plain copy when the picture already has its new size; elsewhere, and in
 // slots without a picture, the pad value 114. One thread per destination pixel (3 bytes).
+// The decoded pictures are read once, with streaming loads (evict-first in L2): a 1080p picture
+// is 6 MB, and read with plain loads it pushed the model's weights and activations out of L2, so
+// that the pass right after it ran 0.04 ms longer at batch 1 (BENCHMARKS.md, GPU).
 // Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/letterbox.rs.
 
 // One slot, written by the host as 10 u64 words in this order (letterbox.rs `Slot::words`).
@@ -40,9 +43,9 @@ extern "C" __global__ void letterbox_u8(const unsigned char *base, const Slot *s
     const unsigned char *src = base + s.src;
     if (s.mode == 1) {
       const unsigned char *q = src + dy * s.pitch + dx * 3;
-      d[0] = q[0];
-      d[1] = q[1];
-      d[2] = q[2];
+      d[0] = __ldcs(q);
+      d[1] = __ldcs(q + 1);
+      d[2] = __ldcs(q + 2);
       continue;
     }
     const int *xt = (const int *)s.taps + 4 * dx;
@@ -53,8 +56,8 @@ extern "C" __global__ void letterbox_u8(const unsigned char *base, const Slot *s
     const int w0 = xt[2], w1 = xt[3], b0 = yt[2], b1 = yt[3];
 #pragma unroll
     for (int c = 0; c < 3; c++) {
-      const int h0 = (int)r0[c0 + c] * w0 + (int)r0[c1 + c] * w1;
-      const int h1 = (int)r1[c0 + c] * w0 + (int)r1[c1 + c] * w1;
+      const int h0 = (int)__ldcs(r0 + c0 + c) * w0 + (int)__ldcs(r0 + c1 + c) * w1;
+      const int h1 = (int)__ldcs(r1 + c0 + c) * w0 + (int)__ldcs(r1 + c1 + c) * w1;
       const int a = ((h0 >> 4) * b0) >> 16;
       const int b = ((h1 >> 4) * b1) >> 16;
       const int v = (a + b + 2) >> 2;
