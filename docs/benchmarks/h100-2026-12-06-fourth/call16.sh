@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# batch-1 end to end: base (main 9bf7609) against one-copy candidates (new) and the same + host timeline marks (tl); alternating, 3 runs each; selfcheck; detections base vs new.
+set -u
+G=.dev/gpu-run
+W=/tmp/w6; mkdir -p $W
+for b in base new tl; do xz -dc $G/dist/yolo-edge-$b.xz > $W/ye-$b; chmod +x $W/ye-$b; done
+SP=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$SP/nvidia/cudnn/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+S=$OUT/summary.md
+nvidia-smi --query-gpu=name --format=csv,noheader >> $S
+one() { # bin run
+  timeout 60 $W/ye-$1 bench --device cuda:0 --model $G/dev/yolov9t-ball.pt --dtype f16 --batches 1 --mode model,e2e --input 640x384 \
+    --jpeg-decoder nvjpeg --images $G/dev/volleyball-court.jpg --iters 300 --out $W/e2e-$1-$2 > $W/e2e-$1-$2.md 2> $W/e2e-$1-$2.log
+  echo "### $1 run $2 (rc=$?)" >> $S; grep -E "^\| yolov9t" $W/e2e-$1-$2.md >> $S; grep -E "timed runs" $W/e2e-$1-$2.log >> $S
+}
+for r in 1 2 3; do one base $r; one new $r; one tl $r; done
+echo "### tl timeline (run 3)" >> $S; grep XT $W/e2e-tl-3.log >> $S
+for b in base new; do
+  for bs in 1 2; do
+    timeout 120 $W/ye-$b detect --model $G/dev/yolov9t-ball.pt --device cuda:0 --dtype f16 --jpeg-decoder nvjpeg --conf 0.001 --batch $bs \
+      --json $W/jd-$b-$bs.jsonl $G/dev/horses.jpg $G/dev/volleyball-court.jpg $G/dev/volleyball-court.jpg > $W/jd-$b-$bs.log 2>&1
+    echo "detect $b batch $bs conf 0.001 rc=$? lines=$(wc -l < $W/jd-$b-$bs.jsonl) bytes=$(wc -c < $W/jd-$b-$bs.jsonl)" >> $S
+  done
+done
+for bs in 1 2; do cmp $W/jd-base-$bs.jsonl $W/jd-new-$bs.jsonl >> $S 2>&1 && echo "batch $bs: detections identical base/new" >> $S; done
+timeout 120 $W/ye-new jpeg-selfcheck --device cuda:0 > $W/self.md 2> $W/self.log; echo "selfcheck new rc=$?" >> $S; grep -A12 "score filter against" $W/self.md >> $S; tail -2 $W/self.md >> $S
+tar czf $OUT/raw.tgz -C $W --exclude 'ye-*' .
+python3 - $W <<'PY' >> $S
+import glob, sys, statistics as st
+rows = {}
+for f in glob.glob(sys.argv[1] + '/e2e-*-*.md'):
+    name = f.split('/')[-1].split('-')[1]
+    for l in open(f):
+        c = [x.strip() for x in l.split('|')]
+        if len(c) > 8 and c[1] == 'yolov9t' and c[3] in ('model', 'e2e'):
+            rows.setdefault((name, c[3]), []).append(float(c[7]))
+for k in sorted(rows): print(k, 'p50s', rows[k], 'median', st.median(rows[k]))
+PY
+grep -vE "^\s*$" $S | cut -c1-260
