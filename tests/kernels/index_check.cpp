@@ -8,6 +8,7 @@
 // check holds.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -359,7 +360,8 @@ void test_fuse() {
 }
 
 // score filtering: every anchor whose best class scores above `conf`, with its box, class (the
-// first of tied classes), picture and anchor, appended to one list
+// first of tied classes), picture and anchor, appended to one list after a header row whose
+// first word counts them
 void test_candidates() {
   const unsigned b = 3, nc = 5, no = 4 + nc, a = 37;
   std::vector<__half> raw(b * no * a);
@@ -367,9 +369,11 @@ void test_candidates() {
   // a tie between classes 1 and 3 of picture 1, anchor 2: class 1 is kept
   for (unsigned c = 0; c < nc; c++) raw[(1 * no + 4 + c) * a + 2] = __float2half_rn(c == 1 || c == 3 ? 0.9f : 0.1f);
   const float conf = 0.8f;
-  std::vector<float> out(b * a * 8, NAN);
-  unsigned int count = 0;
-  run(4, 5, [&] { select_f16(raw.data(), b, no, a, conf, out.data(), &count); });
+  std::vector<float> out((1 + b * a) * 8, NAN);
+  std::fill(out.begin(), out.begin() + 8, 0.0f);  // the header, zeroed as the host does
+  run(4, 5, [&] { select_f16(raw.data(), b, no, a, conf, out.data()); });
+  unsigned int count;
+  std::memcpy(&count, out.data(), sizeof count);
   std::vector<std::vector<float>> want;
   for (unsigned n = 0; n < b; n++)
     for (unsigned j = 0; j < a; j++) {
@@ -392,7 +396,7 @@ void test_candidates() {
   CHECK(count == want.size() && count > 3);
   // the list's order is the threads' (atomic appends): compare as sets ordered by (n, j)
   std::vector<std::vector<float>> got;
-  for (unsigned k = 0; k < count; k++) got.emplace_back(out.begin() + k * 8, out.begin() + k * 8 + 8);
+  for (unsigned k = 0; k < count; k++) got.emplace_back(out.begin() + (k + 1) * 8, out.begin() + (k + 2) * 8);
   auto key = [](const std::vector<float> &r) { return r[6] * 1e6f + r[7]; };
   std::sort(got.begin(), got.end(), [&](auto &x, auto &y) { return key(x) < key(y); });
   CHECK(got == want);
