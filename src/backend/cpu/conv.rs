@@ -8,8 +8,9 @@
 //! - the GEMM runs on the packed-weight micro-kernels ([`cpukernel`]) where the CPU has AVX2 or
 //!   AVX-512; their right-hand side is read in place from the input for stride-1 1x1 and 3x3
 //!   convolutions whose output is as large as their input (an indirect convolution,
-//!   [`InPlace`]: no copy), else (the stride-2 layers) from an im2col copy of the tile written
-//!   in the kernel's panels;
+//!   [`InPlace`]: no copy), for stride-2 3x3 ones from the input rows of the tile split into
+//!   their four phases (a copy as large as those rows, read the same way), else from an im2col
+//!   copy of the tile written in the kernel's panels;
 //! - without AVX2 the `gemm` crate runs it: im2col (skipped for 1x1, which reads each picture's
 //!   `(C, H*W)` block as the GEMM's right-hand side) -> GEMM -> epilogue;
 //! - several inputs of a 1x1 convolution are a concatenation that is never materialised: each one
@@ -19,7 +20,7 @@
 //!   the tile's im2col columns stay in L2; each tile runs (im2col ->) single-threaded GEMM ->
 //!   epilogue while its data is in cache, and tiles (of all pictures of the batch) are spread over
 //!   rayon's threads: no synchronisation inside a layer, no batch transposes;
-//! - the im2col buffer is reused per thread instead of being allocated per call.
+//! - the im2col (or phase) buffer is reused per thread instead of being allocated per call.
 
 use std::cell::RefCell;
 
@@ -324,14 +325,17 @@ fn im2col_panels(x: &[f32], cols: &mut [f32], g: &Geom, k_base: usize, kdim: usi
 
 /// One tile through `isa`'s packed-weight kernel (which this CPU runs): output pixels `p0..p1`
 /// of one picture, all channels, in `KC`-deep passes of the kernel over (pixel blocks x channel
-/// block), the epilogue fused into the last pass's stores. The right-hand side is read from the
-/// inputs in place where `in_place` is given (stride 1, output as large as the input, 1x1 or
-/// 3x3), else from an im2col copy of every input part in this thread's scratch (panels, the
-/// kernel's contiguous layout).
+/// block), the epilogue fused into the last pass's stores. The right-hand side is read in place
+/// from the inputs where `in_place` is given (stride 1, output as large as the input, 1x1 or
+/// 3x3); with `phases` (stride-2 3x3 with padding 1, even sides, one input part) from the rows
+/// of the input's phases that the tile reads, split into this thread's scratch (as many values
+/// as those input rows); else from an im2col copy of every input part in this thread's scratch
+/// (panels, the kernel's contiguous layout).
 #[allow(clippy::too_many_arguments)]
 fn conv_tile_packed(
     isa: Isa,
     in_place: Option<&InPlace>,
+    phases: bool,
     parts: &[(&[f32], usize)],
     pw: &PackedWeights,
     bias: &[f32],
@@ -362,7 +366,7 @@ fn conv_tile_packed(
             }
         }
     };
-    if let Some(src) = in_place {
+    let read_in_place = |src: &InPlace| {
         let mut masks = src.masks(p0, 0);
         passes(&mut |k0, kc, q, nv, cb, epi| {
             if cb == 0 {
@@ -375,7 +379,18 @@ fn conv_tile_packed(
             // like the output.
             unsafe { cpukernel::block_in_place(isa, kc, pw.block(cb, k0), src, k0, &masks, dst.0.add(c0 * n + q), n, k0 > 0, mv, epi) };
         });
-        return;
+    };
+    if let Some(src) = in_place {
+        return read_in_place(src);
+    }
+    if let (true, [(x, c)]) = (phases, parts) {
+        // phase rows from the one above the tile's first output row to its last
+        let rows = (p0 / g.ow).saturating_sub(1)..(p1 - 1) / g.ow + 1;
+        return with_scratch(c * 4 * rows.len() * g.ow, |buf| {
+            split_phases(x, *c, g.h, g.w, rows.clone(), buf);
+            let src = InPlace::phases(buf, *c, g.oh, g.ow, rows).expect("the scratch holds the tile's phase rows");
+            read_in_place(&src);
+        });
     }
     let (kk, plane) = (g.k * g.k, g.h * g.w);
     let panels = (p1 - p0).div_ceil(NR);
@@ -400,6 +415,27 @@ fn conv_tile_packed(
             unsafe { cpukernel::block(isa, kc, pw.block(cb, k0), b, dst.0.add(c0 * n + q), n, k0 > 0, mv, nv, epi) };
         });
     });
+}
+
+/// Rows `rows` of the four phases of each of the `channels` `h x w` planes of `x` (`h`, `w`
+/// even), written to `out` as [`InPlace::phases`] reads them: plane `c * 4 + py * 2 + px`, rows
+/// `rows` of the pixels `(2y + py, 2x + px)`.
+fn split_phases(x: &[f32], channels: usize, h: usize, w: usize, rows: std::ops::Range<usize>, out: &mut [f32]) {
+    let ow = w / 2;
+    let plane = rows.len() * ow;
+    for (src, dst) in x.chunks_exact(h * w).take(channels).zip(out.chunks_exact_mut(4 * plane)) {
+        let (even, odd) = dst.split_at_mut(2 * plane);
+        for (py, phase) in [(0, even), (1, odd)] {
+            let (p0, p1) = phase.split_at_mut(plane);
+            for (r, y) in rows.clone().enumerate() {
+                let row = &src[(2 * y + py) * w..][..w];
+                let (d0, d1) = (&mut p0[r * ow..][..ow], &mut p1[r * ow..][..ow]);
+                for ((pair, a), b) in row.chunks_exact(2).zip(d0).zip(d1) {
+                    (*a, *b) = (pair[0], pair[1]);
+                }
+            }
+        }
+    }
 }
 
 /// Pixels per tile of the packed path: im2col panels of about 256 KiB (half of L2), a whole
@@ -523,6 +559,7 @@ fn fused(
             let nb = tile_pixels(pw.kdim, n, b, threads, isa.panels());
             let tiles = n.div_ceil(nb);
             let reads_in_place = in_place && g.s == 1 && (g.oh, g.ow) == (h, w);
+            let reads_phases = in_place && views.len() == 1 && (g.s, k, g.p) == (2, 3, 1) && h % 2 == 0 && w % 2 == 0;
             let sources: Vec<Option<InPlace>> =
                 (0..b).map(|i| if reads_in_place { InPlace::new(&parts_of(i), h, w, k) } else { None }).collect();
             run_tiles(b * tiles, &|j: usize| {
@@ -532,6 +569,7 @@ fn fused(
                 conv_tile_packed(
                     isa,
                     sources[i].as_ref(),
+                    reads_phases,
                     &parts_of(i),
                     pw,
                     bv,
@@ -711,6 +749,55 @@ mod tests {
             }
         }
         assert!(checked >= 90 * cpukernel::tests::isas().len(), "{checked}");
+    }
+
+    /// Stride-2 3x3 convolutions read from their input's phases give the same bits as through
+    /// im2col: sides from 2 up, widths under and over a panel, several tiles, a reduction deeper
+    /// than one pass, channel slices as inputs, batch > 1, with and without SiLU and residual;
+    /// odd sides keep the im2col. All match candle's `conv2d`.
+    #[test]
+    fn phases_give_the_im2col_bits() {
+        let dev = Device::Cpu;
+        let mut checked = 0;
+        for &(b, ci, co, h, w) in &[
+            (1, 3, 8, 2, 2),
+            (1, 4, 7, 2, 6),
+            (2, 5, 6, 4, 38),
+            (1, 6, 13, 6, 34),
+            (3, 7, 5, 8, 40),
+            (1, 16, 9, 10, 66),
+            (2, 40, 14, 12, 14),
+            (1, 30, 20, 40, 40),
+            (1, 8, 8, 64, 48),
+            (2, 6, 7, 7, 10),
+            (1, 5, 6, 9, 9),
+        ] {
+            let big = Tensor::randn(0f32, 1.0, (b, ci + 3, h, w), &dev).unwrap();
+            let x = big.narrow(1, 2, ci).unwrap();
+            let wt = Tensor::randn(0f32, 0.5, (co, ci, 3, 3), &dev).unwrap();
+            let bias = Tensor::randn(0f32, 1.0, co, &dev).unwrap();
+            let (oh, ow) = ((h - 1) / 2 + 1, (w - 1) / 2 + 1);
+            let res = Tensor::randn(0f32, 1.0, (b, co + 1, oh, ow), &dev).unwrap().narrow(1, 1, co).unwrap();
+            let pw = PackedWeights::new(&wt).unwrap();
+            for (act, r) in [(false, None), (true, None), (true, Some(&res))] {
+                for isa in cpukernel::tests::isas() {
+                    let run = |in_place| fused(&[&x], &wt, Some(&pw), &bias, 2, 1, act, r, Some(isa), in_place).unwrap();
+                    let (got, im2col) = (run(true), run(false));
+                    let (gv, iv) =
+                        (got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), im2col.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+                    let same = gv.iter().zip(&iv).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{isa:?} b{b} ci{ci} co{co} {h}x{w} act{act} res{}", r.is_some());
+                    let mut want = reference(&x, &wt, &bias, 2, 1, act);
+                    if let Some(r) = r {
+                        want = (want + r).unwrap();
+                    }
+                    let e = rel_err(&got, &want);
+                    assert!(e < 1e-5, "{isa:?} b{b} ci{ci} co{co} {h}x{w} act{act}: rel err {e}");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 33 * cpukernel::tests::isas().len(), "{checked}");
     }
 
     #[test]

@@ -501,7 +501,9 @@ impl Gather {
 /// `NR` pixels are `NR` consecutive input values. The lanes whose tap falls into the padding
 /// (where the offset wraps into the neighbouring row or channel, or out of the input) are masked
 /// off and read as zero, which is what im2col writes there: both paths run the same
-/// multiply-adds in the same order and give the same bits.
+/// multiply-adds in the same order and give the same bits. A stride-2 3x3 convolution reads the
+/// same way from its input split into phases ([`InPlace::phases`]), a copy as large as the input
+/// instead of an im2col 2.25 times as large.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct InPlace<'a> {
     /// per reduction row (input part, channel, `ky`, `kx`: the packed weight's order), where
@@ -512,6 +514,9 @@ pub struct InPlace<'a> {
     h: usize,
     w: usize,
     k: usize,
+    /// whether taps below and right of the centre can fall into the padding (not so in the
+    /// phase layout of [`InPlace::phases`])
+    reach_after: bool,
     inputs: std::marker::PhantomData<&'a [f32]>,
 }
 
@@ -527,7 +532,7 @@ unsafe impl Sync for InPlace<'_> {}
 pub struct BlockMasks {
     at: usize,
     n: usize,
-    geom: (usize, usize, usize),
+    geom: (usize, usize, usize, bool),
     masks: [[u16; 16]; 2],
 }
 
@@ -553,7 +558,37 @@ impl<'a> InPlace<'a> {
                 }
             }
         }
-        Some(Self { addr, taps, h, w, k, inputs: std::marker::PhantomData })
+        Some(Self { addr, taps, h, w, k, reach_after: true, inputs: std::marker::PhantomData })
+    }
+
+    /// The reduction rows of a stride-2 3x3 convolution with padding 1 over a picture with even
+    /// sides, read from its phases: `split` holds rows `rows` of `channels * 4` planes of the
+    /// output's size (`oh x ow`), plane `c * 4 + py * 2 + px` holding input pixels
+    /// `(2y + py, 2x + px)`. Input row `2 * oy + ky - 1` is phase row `oy - 1` of the odd phase
+    /// for `ky = 0`, row `oy` of the even phase for `ky = 1` and of the odd phase for `ky = 2`
+    /// (columns alike), so every tap reads one plane shifted by 0 or -1 in each direction, and
+    /// only taps `ky = 0` / `kx = 0` reach the padding (above / left). Output pixels of rows
+    /// `rows.start + 1..rows.end` (all of them from row 0 where `rows` starts at 0) read inside
+    /// `split`. `None` unless `split` holds all the planes' rows.
+    pub fn phases(split: &'a [f32], channels: usize, oh: usize, ow: usize, rows: std::ops::Range<usize>) -> Option<Self> {
+        let plane = rows.len() * ow;
+        if rows.end > oh || split.len() < channels * 4 * plane {
+            return None;
+        }
+        let (mut addr, mut taps) = (Vec::with_capacity(channels * 9), Vec::with_capacity(channels * 9));
+        // per kernel row / column: (phase, shift)
+        let at = |k: usize| if k == 1 { (0, 0isize) } else { (1, if k == 0 { -1 } else { 0 }) };
+        for ch in 0..channels {
+            for ky in 0..3 {
+                for kx in 0..3 {
+                    let ((py, dy), (px, dx)) = (at(ky), at(kx));
+                    let off = ((ch * 4 + py * 2 + px) * plane) as isize + (dy - rows.start as isize) * ow as isize + dx;
+                    addr.push(split.as_ptr().wrapping_offset(off));
+                    taps.push((ky * 3 + kx) as u8);
+                }
+            }
+        }
+        Some(Self { addr, taps, h: oh, w: ow, k: 3, reach_after: false, inputs: std::marker::PhantomData })
     }
 
     /// The lanes to read for output pixels `at..at + n` (`n <= 2 * NR`, inside the picture):
@@ -582,8 +617,8 @@ impl<'a> InPlace<'a> {
         let pad = self.k / 2;
         let off = |d: usize, before: u32, after: u32| match d.cmp(&pad) {
             std::cmp::Ordering::Less => before,
-            std::cmp::Ordering::Greater => after,
-            std::cmp::Ordering::Equal => 0,
+            std::cmp::Ordering::Greater if self.reach_after => after,
+            _ => 0,
         };
         let mut masks = [[0u16; 16]; 2];
         for ky in 0..self.k {
@@ -593,7 +628,7 @@ impl<'a> InPlace<'a> {
                 masks[1][ky * self.k + kx] = (m >> 16) as u16;
             }
         }
-        BlockMasks { at, n, geom: (self.h, self.w, self.k), masks }
+        BlockMasks { at, n, geom: (self.h, self.w, self.k, self.reach_after), masks }
     }
 }
 
@@ -622,7 +657,7 @@ pub unsafe fn block_in_place(
     assert!(
         a.len() >= kc * MR
             && k0 + kc <= src.addr.len()
-            && bm.geom == (src.h, src.w, src.k)
+            && bm.geom == (src.h, src.w, src.k, src.reach_after)
             && (1..=MR).contains(&m)
             && (1..=isa.panels() * NR).contains(&bm.n),
         "cpukernel: in-place block {m}x{} at rows {k0}+{kc}",
@@ -637,7 +672,11 @@ pub unsafe fn block_in_place(
         // q / W < H) whose tap's input pixel (iy, ix) lies inside the H x W picture, and for
         // reduction row (part, channel ch, ky, kx) the lane's address is
         // addr + q = part + ch * H * W + iy * W + ix with ch < channels and the part holding
-        // channels * H * W values (`InPlace::new`); `bm` was made for this geometry (asserted).
+        // channels * H * W values (`InPlace::new`), or, in the phase layout, the split rows
+        // + plane * R * W + (iy - r0) * W + ix, the plane's (iy, ix) = (oy + dy, ox + dx) inside
+        // it with dy, dx in {-1, 0}, r0 <= iy < r0 + R for the pixels the caller gives (the
+        // rows `InPlace::phases` says) and every plane's R rows inside the split; `bm` was made
+        // for this geometry (asserted).
         // Masked-off lanes are not accessed.
         unsafe {
             match isa {
