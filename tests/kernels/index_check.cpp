@@ -370,7 +370,7 @@ void test_candidates() {
   for (unsigned c = 0; c < nc; c++) raw[(1 * no + 4 + c) * a + 2] = __float2half_rn(c == 1 || c == 3 ? 0.9f : 0.1f);
   const float conf = 0.8f;
   std::vector<float> out((1 + b * a) * 8, NAN);
-  std::fill(out.begin(), out.begin() + 8, 0.0f);  // the header, zeroed as the host does
+  std::fill(out.begin(), out.begin() + 8, 0.0f); // the header, zeroed as the host does
   run(4, 5, [&] { select_f16(raw.data(), b, no, a, conf, out.data()); });
   unsigned int count;
   std::memcpy(&count, out.data(), sizeof count);
