@@ -691,6 +691,33 @@ mod tests {
         }
     }
 
+    /// The packed kernel on `ins` (the channels of `x`) at `(stride, padding)` gives the same bits
+    /// reading in place as through im2col, and matches candle's `conv2d` (+ `res`).
+    #[allow(clippy::too_many_arguments)]
+    fn same_bits_as_im2col(
+        ins: &[&Tensor],
+        x: &Tensor,
+        wt: &Tensor,
+        pw: &PackedWeights,
+        bias: &Tensor,
+        (stride, padding): (usize, usize),
+        act: bool,
+        res: Option<&Tensor>,
+        isa: Isa,
+        case: &str,
+    ) {
+        let run = |in_place| fused(ins, wt, Some(pw), bias, stride, padding, act, res, Some(isa), in_place).unwrap();
+        let (got, im2col) = (run(true), run(false));
+        let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert!(bits(&got) == bits(&im2col), "{case}: in place and im2col differ");
+        let mut want = reference(x, wt, bias, stride, padding, act);
+        if let Some(r) = res {
+            want = (want + r).unwrap();
+        }
+        let e = rel_err(&got, &want);
+        assert!(e < 1e-5, "{case}: rel err {e}");
+    }
+
     /// The packed kernel reading its input in place gives the same bits as through im2col, for
     /// the layer shapes it takes (stride 1, 1x1 or 3x3 "same"): odd widths, pictures narrower
     /// than a panel, 1- and 2-row pictures, several tiles, a reduction deeper than one pass,
@@ -728,20 +755,8 @@ mod tests {
                 for ins in inputs {
                     for (act, r) in [(false, None), (true, None), (true, Some(&res))] {
                         for isa in cpukernel::tests::isas() {
-                            let run = |in_place| fused(&ins, &wt, Some(&pw), &bias, 1, k / 2, act, r, Some(isa), in_place).unwrap();
-                            let (got, im2col) = (run(true), run(false));
-                            let (gv, iv) = (
-                                got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                                im2col.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                            );
-                            let same = gv.iter().zip(&iv).all(|(a, b)| a.to_bits() == b.to_bits());
-                            assert!(same, "{isa:?} b{b} ci{ci} co{co} {h}x{w} k{k} parts{} act{act} res{}", ins.len(), r.is_some());
-                            let mut want = reference(&x, &wt, &bias, 1, k / 2, act);
-                            if let Some(r) = r {
-                                want = (want + r).unwrap();
-                            }
-                            let e = rel_err(&got, &want);
-                            assert!(e < 1e-5, "{isa:?} b{b} ci{ci} co{co} {h}x{w} k{k} act{act}: rel err {e}");
+                            let case = format!("{isa:?} b{b} ci{ci} co{co} {h}x{w} k{k} parts{} act{act} res{}", ins.len(), r.is_some());
+                            same_bits_as_im2col(&ins, &x, &wt, &pw, &bias, (1, k / 2), act, r, isa, &case);
                             checked += 1;
                         }
                     }
@@ -781,18 +796,8 @@ mod tests {
             let pw = PackedWeights::new(&wt).unwrap();
             for (act, r) in [(false, None), (true, None), (true, Some(&res))] {
                 for isa in cpukernel::tests::isas() {
-                    let run = |in_place| fused(&[&x], &wt, Some(&pw), &bias, 2, 1, act, r, Some(isa), in_place).unwrap();
-                    let (got, im2col) = (run(true), run(false));
-                    let (gv, iv) =
-                        (got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), im2col.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-                    let same = gv.iter().zip(&iv).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{isa:?} b{b} ci{ci} co{co} {h}x{w} act{act} res{}", r.is_some());
-                    let mut want = reference(&x, &wt, &bias, 2, 1, act);
-                    if let Some(r) = r {
-                        want = (want + r).unwrap();
-                    }
-                    let e = rel_err(&got, &want);
-                    assert!(e < 1e-5, "{isa:?} b{b} ci{ci} co{co} {h}x{w} act{act}: rel err {e}");
+                    let case = format!("{isa:?} b{b} ci{ci} co{co} {h}x{w} act{act} res{}", r.is_some());
+                    same_bits_as_im2col(&[&x], &x, &wt, &pw, &bias, (2, 1), act, r, isa, &case);
                     checked += 1;
                 }
             }
