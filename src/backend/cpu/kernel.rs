@@ -517,6 +517,9 @@ pub struct InPlace<'a> {
     /// whether taps below and right of the centre can fall into the padding (not so in the
     /// phase layout of [`InPlace::phases`])
     reach_after: bool,
+    /// the output pixels whose taps read inside the input (all of them, or those of the rows a
+    /// phase split holds)
+    pixels: std::ops::Range<usize>,
     inputs: std::marker::PhantomData<&'a [f32]>,
 }
 
@@ -558,7 +561,7 @@ impl<'a> InPlace<'a> {
                 }
             }
         }
-        Some(Self { addr, taps, h, w, k, reach_after: true, inputs: std::marker::PhantomData })
+        Some(Self { addr, taps, h, w, k, reach_after: true, pixels: 0..h * w, inputs: std::marker::PhantomData })
     }
 
     /// The reduction rows of a stride-2 3x3 convolution with padding 1 over a picture with even
@@ -588,15 +591,24 @@ impl<'a> InPlace<'a> {
                 }
             }
         }
-        Some(Self { addr, taps, h: oh, w: ow, k: 3, reach_after: false, inputs: std::marker::PhantomData })
+        let first = if rows.start == 0 { 0 } else { (rows.start + 1) * ow };
+        let pixels = first..rows.end * ow;
+        Some(Self { addr, taps, h: oh, w: ow, k: 3, reach_after: false, pixels, inputs: std::marker::PhantomData })
     }
 
-    /// The lanes to read for output pixels `at..at + n` (`n <= 2 * NR`, inside the picture):
+    /// The lanes to read for output pixels `at..at + n` (`n <= 2 * NR`, among the pixels this
+    /// source reads for: the picture, or the rows of a phase split; asserted):
     /// bit `j` of panel `p`'s mask for tap `(ky, kx)` is set where pixel `q = at + p * NR + j`
     /// is one of them and its tap's input pixel `(q / W + ky - k / 2, q % W + kx - k / 2)` lies
     /// inside the picture.
     pub fn masks(&self, at: usize, n: usize) -> BlockMasks {
-        assert!(n <= 2 * NR && at + n <= self.h * self.w, "cpukernel: pixels {at}+{n} of {}x{}", self.h, self.w);
+        assert!(
+            n <= 2 * NR && at >= self.pixels.start && at + n <= self.pixels.end,
+            "cpukernel: pixels {at}+{n} outside {:?} of {}x{}",
+            self.pixels,
+            self.h,
+            self.w
+        );
         // per lane (bit j: pixel at + j): in the block, and in the picture's first / last row /
         // column (where the taps reaching above / below / left / right fall into the padding)
         let (mut top, mut bottom, mut left, mut right) = (0u32, 0u32, 0u32, 0u32);
@@ -674,9 +686,9 @@ pub unsafe fn block_in_place(
         // addr + q = part + ch * H * W + iy * W + ix with ch < channels and the part holding
         // channels * H * W values (`InPlace::new`), or, in the phase layout, the split rows
         // + plane * R * W + (iy - r0) * W + ix, the plane's (iy, ix) = (oy + dy, ox + dx) inside
-        // it with dy, dx in {-1, 0}, r0 <= iy < r0 + R for the pixels the caller gives (the
-        // rows `InPlace::phases` says) and every plane's R rows inside the split; `bm` was made
-        // for this geometry (asserted).
+        // it with dy, dx in {-1, 0}, r0 <= iy < r0 + R for the pixels `InPlace::phases` names
+        // (which `masks` asserts) and every plane's R rows inside the split; `bm` was made for
+        // this geometry (asserted).
         // Masked-off lanes are not accessed.
         unsafe {
             match isa {

@@ -76,12 +76,11 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::R
     let first = total.min(FIRST_ROWS);
     let mut rows = dev.clone_dtoh(&out.slice(..(1 + first) * ROW))?;
     let n = (rows[0].to_bits() as usize).min(total);
-    rows.drain(..ROW);
+    rows.truncate((1 + n.min(first)) * ROW);
     if n > first {
         rows.extend(dev.clone_dtoh(&out.slice((1 + first) * ROW..(1 + n) * ROW))?);
     }
-    rows.truncate(n * ROW);
-    Ok(postprocess::candidates_from_rows(&rows, b, a))
+    Ok(postprocess::candidates_from_rows(&rows[ROW..], b, a))
 }
 
 /// The device filter against a plain host filter over raw outputs made on the host, f32 and
