@@ -137,7 +137,7 @@ fi
 
 if has jpegcheck; then
   say "## nvJPEG and the device letterbox against the host's decoder and letterbox (yolo-edge jpeg-selfcheck)"
-  timeout 120 "$BIN" jpeg-selfcheck --device cuda:0 > "$W/jpegcheck.md" 2> "$W/jpegcheck.log"
+  timeout 120 "$BIN" jpeg-selfcheck --device cuda:0 "$DEV"/horses.jpg "$DEV"/volleyball-court.jpg > "$W/jpegcheck.md" 2> "$W/jpegcheck.log"
   echo "rc=$?" | tee -a "$W/jpegcheck.log" >> "$SUM"
   cat "$W/jpegcheck.md" >> "$SUM"; tail -5 "$W/jpegcheck.log" >> "$SUM"
   say "### detect with the host decoder and with nvJPEG (yolov9t-ball.pt, f16 and f32, conf 0.01; 6 pictures of two shapes in 3 batches of 2, decoded ahead by 2 threads): detections paired by IoU"

@@ -178,14 +178,25 @@ fn checked_decoder<'a>(
 /// What a JPEG decoder's support for a file depends on, read from the headers before its first
 /// scan: the start-of-frame marker (baseline, extended, progressive, lossless, arithmetic), its
 /// segment (precision, size, components with their sampling factors and tables) and the restart
-/// interval. Two files with the same key are taken or refused alike by a decoder that looks only
-/// at these (nvJPEG's hardware decoder), so its support check can be kept per key.
+/// interval; and whether its three components are Y, Cb and Cr. Two files with the same key are
+/// taken or refused alike by a decoder that looks only at these (nvJPEG's hardware decoder), so
+/// its support check can be kept per key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct JpegFrameKey {
     marker: u8,
     /// The start-of-frame segment after its length: 6 bytes and 3 per component (at most 4).
     frame: [u8; 18],
     restart_interval: u16,
+    ycbcr: bool,
+}
+
+impl JpegFrameKey {
+    /// Three components that decoders read as Y, Cb and Cr, as libjpeg-turbo decides it
+    /// (jdapimin.c `default_decompress_parms`): with a JFIF marker; else as an Adobe marker's
+    /// transform says (0 is RGB); else unless the component identifiers are 'R', 'G', 'B'.
+    pub fn ycbcr(&self) -> bool {
+        self.ycbcr
+    }
 }
 
 /// The [`JpegFrameKey`] of `b`, or `None` where its headers up to the first scan cannot be walked
@@ -197,6 +208,7 @@ pub fn jpeg_frame_key(b: &[u8]) -> Option<JpegFrameKey> {
     }
     let mut frame: Option<(u8, [u8; 18])> = None;
     let mut restart_interval = 0u16;
+    let (mut jfif, mut adobe_transform) = (false, None);
     let mut i = 2;
     loop {
         if *b.get(i)? != 0xFF {
@@ -217,8 +229,16 @@ pub fn jpeg_frame_key(b: &[u8]) -> Option<JpegFrameKey> {
         }
         let seg = b.get(i + 2..i + len)?;
         match marker {
-            0xDA => return frame.map(|(marker, frame)| JpegFrameKey { marker, frame, restart_interval }),
+            0xDA => {
+                let (marker, frame) = frame?;
+                let rgb_ids = frame[5] == 3 && [frame[6], frame[9], frame[12]] == *b"RGB";
+                let ycbcr = frame[5] == 3 && (jfif || adobe_transform.map_or(!rgb_ids, |t| t != 0));
+                return Some(JpegFrameKey { marker, frame, restart_interval, ycbcr });
+            }
             0xDD => restart_interval = u16::from_be_bytes([*seg.first()?, *seg.get(1)?]),
+            0xE0 if seg.starts_with(b"JFIF\0") => jfif = true,
+            // "Adobe", version, flags0, flags1, transform
+            0xEE if seg.len() >= 12 && seg.starts_with(b"Adobe") => adobe_transform = Some(seg[11]),
             // SOF0-SOF15 except DHT (C4), JPG (C8) and DAC (CC)
             0xC0..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => {
                 let components = usize::from(*seg.get(5)?);
@@ -531,6 +551,37 @@ mod tests {
         r.extend_from_slice(&a[2..]);
         let kr = jpeg_frame_key(&r).unwrap();
         assert_eq!((kr.marker, kr.frame, kr.restart_interval), (k.marker, k.frame, 16));
+    }
+
+    #[test]
+    fn the_frame_key_says_whether_the_components_are_ycbcr_as_libjpeg_turbo_reads_them() {
+        let a = encoded(32, 16, 90);
+        assert!(a[2..4] == [0xFF, 0xE0] && a[6..11] == *b"JFIF\0", "the encoder writes a JFIF marker first");
+        let app0 = 4 + usize::from(u16::from_be_bytes([a[4], a[5]]));
+        // `a` without its JFIF marker, with `segment` after the start of image and the
+        // components' identifiers set to `ids`
+        let variant = |segment: &[u8], ids: &[u8; 3]| {
+            let mut v = a[..2].to_vec();
+            v.extend_from_slice(segment);
+            v.extend_from_slice(&a[app0..]);
+            let sof = v.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+            for (k, id) in ids.iter().enumerate() {
+                v[sof + 10 + 3 * k] = *id;
+            }
+            jpeg_frame_key(&v).expect("a key").ycbcr()
+        };
+        let adobe = |transform: u8| [&[0xFF, 0xEE, 0, 14][..], b"Adobe", &[0, 100, 0, 0, 0, 0, transform]].concat();
+        assert!(jpeg_frame_key(&a).unwrap().ycbcr(), "JFIF");
+        assert!(variant(&[], &[1, 2, 3]), "no marker, identifiers 1 2 3");
+        assert!(variant(&[], &[7, 8, 9]), "no marker, other identifiers");
+        assert!(!variant(&[], b"RGB"), "no marker, identifiers R G B");
+        assert!(!variant(&adobe(0), &[1, 2, 3]), "Adobe, transform 0");
+        assert!(variant(&adobe(1), b"RGB"), "Adobe, transform 1");
+        assert!(variant(&[&a[2..app0], &adobe(0)[..]].concat(), b"RGB"), "JFIF before an Adobe marker's transform 0");
+        let gray = image::GrayImage::from_fn(16, 16, |x, y| image::Luma([(x * y) as u8]));
+        let mut g = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut g, 90).encode_image(&gray).unwrap();
+        assert!(!jpeg_frame_key(&g).unwrap().ycbcr(), "one component");
     }
 
     #[test]

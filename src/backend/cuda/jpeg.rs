@@ -2,6 +2,12 @@
 //! the device letterbox ([`super::letterbox`]) resizes and pads them into the u8 input
 //! `(B, H, W, 3)`, so no pixel of theirs is decoded or resized on the host.
 //!
+//! The hardware decoder returns a batch of YCbCr pictures (4:4:4, 4:2:2, 4:4:0, 4:2:0: nearly
+//! every camera's and photo's) as their Y, Cb and Cr planes, which the letterbox turns into RGB
+//! as libjpeg-turbo, the reference's decoder, does; nvJPEG's own conversion to RGB (what every
+//! other picture gets) differs from libjpeg-turbo's by up to 82 levels on real photos, and
+//! costs a pass that writes 6 MB per 1080p picture.
+//!
 //! nvJPEG is loaded at run time (`libnvjpeg.so.13`, then `libnvjpeg.so`); without it
 //! [`GpuJpeg::new`] is an error and the caller keeps the CPU decoder. The hardware decoder
 //! (`NVJPEG_BACKEND_HARDWARE`, batched) takes the pictures it supports; the default backend
@@ -25,7 +31,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaSlice, DevicePtrM
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Tensor};
 
-use super::letterbox::{Letterboxer, Source};
+use super::letterbox::{Chroma, Letterboxer, Sampling, Source};
 use crate::vision::preprocess::{
     check_jpeg_header, jpeg_frame_key, DecodeLimits, Fit, ImageError, JpegFrameKey, LetterboxGeometry, Letterboxed, Orientation,
 };
@@ -48,10 +54,12 @@ type JpegStream = *mut c_void;
 type CudaStream = *mut c_void;
 const NVJPEG_BACKEND_DEFAULT: c_int = 0;
 const NVJPEG_BACKEND_HARDWARE: c_int = 3;
+const NVJPEG_OUTPUT_YUV: c_int = 1;
 const NVJPEG_OUTPUT_RGBI: c_int = 5;
 const NVJPEG_MAX_COMPONENT: usize = 4;
 
-/// `nvjpegImage_t`: with interleaved output only `channel[0]`/`pitch[0]` are used.
+/// `nvjpegImage_t`: with interleaved output only `channel[0]`/`pitch[0]` are used, with planar
+/// output the first three.
 #[repr(C)]
 struct Image {
     channel: [*mut u8; NVJPEG_MAX_COMPONENT],
@@ -286,6 +294,9 @@ impl std::fmt::Display for JpegProfile {
 /// one thread at a time on that thread's stream, so that as many threads decode at once.
 pub struct GpuJpeg {
     lanes: Vec<Mutex<Inner>>,
+    /// Whether the hardware decoder returns planes (Y, Cb, Cr) for the letterbox to convert,
+    /// where every picture of its batch is YCbCr in a sampling the letterbox takes; else RGB.
+    planar: bool,
     profile: Mutex<JpegProfile>,
     dev: CudaDevice,
     backend: &'static str,
@@ -302,18 +313,27 @@ unsafe impl Sync for GpuJpeg {}
 /// or why it was not decoded there.
 pub type Decoded = (Tensor, Vec<Result<LetterboxGeometry, Fallback>>);
 
+/// `rgb`'s room (`w * 3` bytes by `h` rows) as planes: Y (`w` by `h`), then Cb and Cr.
+fn planes(rgb: &Source, sampling: Sampling) -> Source {
+    let (w, h) = (rgb.w as usize, rgb.h as usize);
+    let (cw, ch) = sampling.size(rgb.w, rgb.h);
+    let cb = rgb.offset + w * h;
+    let cr = cb + cw as usize * ch as usize;
+    Source { offset: rgb.offset, pitch: w, w: rgb.w, h: rgb.h, chroma: Some(Chroma { cb, cr, pitch: cw as usize, sampling }) }
+}
+
 /// What is done with one picture.
 enum Plan {
     Decode {
         w: u32,
         h: u32,
         g: LetterboxGeometry,
+        /// The chroma planes' sampling, where there are three components in one the device
+        /// letterbox upsamples.
+        sampling: Option<Sampling>,
     },
     /// `shape`: the input this picture needs, where its header says it.
-    Fallback {
-        why: Fallback,
-        shape: Option<(u32, u32)>,
-    },
+    Fallback { why: Fallback, shape: Option<(u32, u32)> },
 }
 
 impl GpuJpeg {
@@ -339,7 +359,14 @@ impl GpuJpeg {
                 }
             }
         }
-        Ok(Self { lanes: made, profile: Mutex::default(), dev: dev.clone(), backend, api })
+        Ok(Self { lanes: made, planar: true, profile: Mutex::default(), dev: dev.clone(), backend, api })
+    }
+
+    /// With `planar` off the hardware decoder always returns RGB, converted by nvJPEG (the
+    /// self-check compares both ways).
+    pub(crate) fn with_planar(mut self, planar: bool) -> Self {
+        self.planar = planar;
+        self
     }
 
     /// Decoders that may run at once ([`GpuJpeg::new`]).
@@ -501,13 +528,14 @@ impl GpuJpeg {
             while start + sources.len() < b {
                 let src = match &plans[start + sources.len()] {
                     Plan::Decode { w, h, .. } => {
+                        // room for RGB, and so for planes
                         let pitch = *w as usize * 3;
                         let need = pitch.checked_mul(*h as usize).and_then(|v| v.checked_next_multiple_of(ALIGN));
                         let Some(need) = need else { candle_core::bail!("decode_letterbox: a {w}x{h} picture is too large") };
                         if !sources.is_empty() && bytes.saturating_add(need) > ROUND_BYTES {
                             break;
                         }
-                        let s = Source { offset: bytes, pitch, w: *w, h: *h };
+                        let s = Source { offset: bytes, pitch, w: *w, h: *h, chroma: None };
                         bytes += need;
                         Some(s)
                     }
@@ -527,7 +555,15 @@ impl GpuJpeg {
             }
             let buf = buf.as_mut().expect("decode buffer allocated above");
             let t = Instant::now();
-            let (decoded, parse) = self.decode_round(default, hardware.as_mut(), &pictures[round.clone()], &sources, buf)?;
+            let samplings: Vec<Option<Sampling>> = plans[round.clone()]
+                .iter()
+                .map(|p| match p {
+                    Plan::Decode { sampling, .. } => *sampling,
+                    Plan::Fallback { .. } => None,
+                })
+                .collect();
+            let (decoded, parse) =
+                self.decode_round(default, hardware.as_mut(), &pictures[round.clone()], &mut sources, &samplings, buf)?;
             prof.parse += parse;
             prof.decode += t.elapsed().saturating_sub(parse);
             // nvJPEG may read the host bitstreams until its work on the stream is done
@@ -609,18 +645,26 @@ impl GpuJpeg {
         if (widths[0], heights[0]) != (w as c_int, h as c_int) {
             return fallback(Fallback::Unsupported(format!("nvJPEG reads {}x{}, the header check {w}x{h}", widths[0], heights[0])));
         }
-        Plan::Decode { w, h, g }
+        let chroma = (widths[1], heights[1]);
+        let sampling = match (u32::try_from(chroma.0), u32::try_from(chroma.1)) {
+            (Ok(cw), Ok(ch)) if components == 3 && chroma == (widths[2], heights[2]) => Sampling::of(w, h, (cw, ch)),
+            _ => None,
+        };
+        Plan::Decode { w, h, g, sampling }
     }
 
     /// Decodes the pictures that have a source into `buf`: the hardware decoder's batch first,
     /// then the rest one by one on the default backend. Per picture: `None` when decoded (or not
-    /// to be decoded), else why not; and the time the support checks took.
+    /// to be decoded), else why not; and the time the support checks took. The sources come in
+    /// as RGB, each with room for it; the hardware batch's turn planar where every one of its
+    /// pictures is YCbCr with a chroma sampling in `samplings` (and [`GpuJpeg::planar`]).
     fn decode_round(
         &self,
         default: &Decoder,
         hardware: Option<&mut Hardware>,
         pictures: &[&[u8]],
-        sources: &[Option<Source>],
+        sources: &mut [Option<Source>],
+        samplings: &[Option<Sampling>],
         buf: &mut CudaSlice<u8>,
     ) -> candle_core::Result<(Vec<Option<Fallback>>, Duration)> {
         let api = &self.api;
@@ -628,9 +672,13 @@ impl GpuJpeg {
         let stream = self.dev.cuda_stream();
         let cu_stream = stream.cu_stream() as CudaStream;
         let (base, _written) = buf.device_ptr_mut(&stream);
-        let image = |s: &Source| Image {
-            channel: [(base + s.offset as u64) as *mut u8, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()],
-            pitch: [s.pitch, 0, 0, 0],
+        let at = |offset: usize| (base + offset as u64) as *mut u8;
+        let image = |s: &Source| match s.chroma {
+            None => Image {
+                channel: [at(s.offset), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()],
+                pitch: [s.pitch, 0, 0, 0],
+            },
+            Some(c) => Image { channel: [at(s.offset), at(c.cb), at(c.cr), std::ptr::null_mut()], pitch: [s.pitch, c.pitch, c.pitch, 0] },
         };
         let mut fallbacks: Vec<Option<Fallback>> = vec![None; pictures.len()];
         let mut todo: Vec<usize> = (0..pictures.len()).filter(|&k| sources[k].is_some()).collect();
@@ -678,6 +726,17 @@ impl GpuJpeg {
                 }
             }
             parse = t.elapsed();
+            let planar =
+                self.planar && batch.iter().zip(&batch_keys).all(|(&k, key)| samplings[k].is_some() && key.is_some_and(|key| key.ycbcr()));
+            let rgb: Vec<Option<Source>> = batch.iter().map(|&k| sources[k]).collect();
+            if planar {
+                for &k in &batch {
+                    if let (Some(src), Some(sampling)) = (sources[k].as_mut(), samplings[k]) {
+                        *src = planes(src, sampling);
+                    }
+                }
+            }
+            let format = if planar { NVJPEG_OUTPUT_YUV } else { NVJPEG_OUTPUT_RGBI };
             if !batch.is_empty() {
                 let data: Vec<*const u8> = batch.iter().map(|&k| pictures[k].as_ptr()).collect();
                 let lengths: Vec<usize> = batch.iter().map(|&k| pictures[k].len()).collect();
@@ -685,21 +744,26 @@ impl GpuJpeg {
                 let n = c_int::try_from(batch.len()).unwrap_or(c_int::MAX);
                 // SAFETY: the handle and state belong together and are used under the lock; the
                 // three arrays hold `n` entries each; every destination is a distinct region of
-                // `buf` of `pitch * h` bytes (laid out by the caller inside `buf`), device memory
-                // of this context; `pictures` outlive the work (the caller synchronizes the stream
-                // before returning).
+                // `buf` of `w * 3 * h` bytes (laid out by the caller inside `buf`), device memory
+                // of this context, holding the picture's RGB or its three planes (`planes`) as
+                // nvJPEG read their sizes (`plan`); `pictures` outlive the work (the caller
+                // synchronizes the stream before returning).
                 let done = n == batch.len() as c_int
                     && unsafe {
-                        check(
-                            "nvjpegDecodeBatchedInitialize",
-                            (api.batched_initialize)(hw.dec.handle, hw.dec.state, n, 1, NVJPEG_OUTPUT_RGBI),
-                        )
-                        .and_then(|()| {
-                            check(
-                                "nvjpegDecodeBatched",
-                                (api.batched)(hw.dec.handle, hw.dec.state, data.as_ptr(), lengths.as_ptr(), images.as_mut_ptr(), cu_stream),
-                            )
-                        })
+                        check("nvjpegDecodeBatchedInitialize", (api.batched_initialize)(hw.dec.handle, hw.dec.state, n, 1, format))
+                            .and_then(|()| {
+                                check(
+                                    "nvjpegDecodeBatched",
+                                    (api.batched)(
+                                        hw.dec.handle,
+                                        hw.dec.state,
+                                        data.as_ptr(),
+                                        lengths.as_ptr(),
+                                        images.as_mut_ptr(),
+                                        cu_stream,
+                                    ),
+                                )
+                            })
                     }
                     .inspect_err(|(call, status)| {
                         tracing::debug!("nvJPEG hardware batch of {n} failed ({call}: {status}); decoding one by one")
@@ -708,6 +772,10 @@ impl GpuJpeg {
                 if done {
                     todo.retain(|k| !batch.contains(k));
                 } else {
+                    // decoded one by one, as RGB
+                    for (&k, src) in batch.iter().zip(rgb) {
+                        sources[k] = src;
+                    }
                     // checked again next time rather than trusted
                     for key in batch_keys.iter().flatten() {
                         hw.supported.remove(key);

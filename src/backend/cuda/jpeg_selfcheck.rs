@@ -1,9 +1,10 @@
 //! A check of the GPU input path on the machine that has the GPU (`yolo-edge jpeg-selfcheck`):
 //! the device letterbox against the host's `letterbox_fit`, byte for byte, on synthetic pictures
 //! uploaded raw; then nvJPEG + the device letterbox against the host decoder + `letterbox_fit` on
-//! the same pictures encoded as JPEG (IDCT and chroma upsampling differ between decoders, so small
-//! differences are expected there), with the fallbacks written back through `write_slot`; and at
-//! the other end of the pass, the device score filter against a host filter.
+//! the same pictures encoded as JPEG and on the caller's JPEG files (IDCT and chroma upsampling
+//! differ between decoders, so small differences are expected there), nvJPEG's planes converted
+//! by the letterbox beside nvJPEG's own RGB, with the fallbacks written back through `write_slot`;
+//! and at the other end of the pass, the device score filter against a host filter.
 
 use std::fmt::Write;
 
@@ -76,8 +77,10 @@ fn fit_name(f: Fit) -> &'static str {
     }
 }
 
-/// Runs both checks on `dev` (the JPEG one only where nvJPEG loads).
-pub fn jpeg_selfcheck(dev: &CudaDevice) -> candle_core::Result<SelfCheck> {
+/// Runs both checks on `dev` (the JPEG one only where nvJPEG loads), the JPEG one also on `files`
+/// (name, bytes); with `save`, the rect inputs nvJPEG's two ways made of each of `files` go there
+/// as u8 `.npy` (`NAME.planes.npy`, `NAME.rgb.npy`, `(H, W, 3)`).
+pub fn jpeg_selfcheck(dev: &CudaDevice, files: &[(String, Vec<u8>)], save: Option<&std::path::Path>) -> candle_core::Result<SelfCheck> {
     let mut r = String::new();
     let mut mismatches = 0u64;
     let pics: Vec<RgbImage> = SIZES.iter().map(|&(w, h)| noise(w, h)).collect();
@@ -87,7 +90,7 @@ pub fn jpeg_selfcheck(dev: &CudaDevice) -> candle_core::Result<SelfCheck> {
     for (k, img) in pics.iter().enumerate() {
         let row = img.width() as usize * 3;
         let pitch = row + if k % 2 == 1 { 5 } else { 0 };
-        sources.push(Source { offset: host.len(), pitch, w: img.width(), h: img.height() });
+        sources.push(Source { offset: host.len(), pitch, w: img.width(), h: img.height(), chroma: None });
         for y in img.as_raw().chunks(row) {
             host.extend_from_slice(y);
             host.resize(host.len() + pitch - row, 0xEE);
@@ -151,11 +154,11 @@ pub fn jpeg_selfcheck(dev: &CudaDevice) -> candle_core::Result<SelfCheck> {
     let differing = super::candidates::selfcheck(dev, &mut r)?;
     mismatches += differing;
     writeln!(r).ok();
-    match GpuJpeg::new(dev, 1) {
+    match GpuJpeg::new(dev, 1).and_then(|planar| Ok((planar, GpuJpeg::new(dev, 1)?.with_planar(false)))) {
         Err(e) => {
             writeln!(r, "nvJPEG: {e}").ok();
         }
-        Ok(j) => jpeg_part(&j, &mut r)?,
+        Ok((planar, rgb)) => jpeg_part(&planar, &rgb, files, save, &mut r)?,
     }
     writeln!(r).ok();
     writeln!(
@@ -171,8 +174,15 @@ pub fn jpeg_selfcheck(dev: &CudaDevice) -> candle_core::Result<SelfCheck> {
     Ok(SelfCheck { report: r, kernel_mismatches: mismatches })
 }
 
-/// nvJPEG + device letterbox against the host decoder + `letterbox_fit`.
-fn jpeg_part(j: &GpuJpeg, r: &mut String) -> candle_core::Result<()> {
+/// nvJPEG + device letterbox against the host decoder + `letterbox_fit`: `planar` (nvJPEG's
+/// planes where it can) and `rgb` (nvJPEG's RGB) on the same pictures.
+fn jpeg_part(
+    planar: &GpuJpeg,
+    rgb: &GpuJpeg,
+    extra: &[(String, Vec<u8>)],
+    save: Option<&std::path::Path>,
+    r: &mut String,
+) -> candle_core::Result<()> {
     let limits = DecodeLimits::default();
     let enc_err = |e: image::ImageError| candle_core::Error::Msg(format!("encoding a test picture: {e}"));
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
@@ -181,6 +191,7 @@ fn jpeg_part(j: &GpuJpeg, r: &mut String) -> candle_core::Result<()> {
         image::codecs::jpeg::JpegEncoder::new_with_quality(&mut buf, 90).encode_image(&scene(w, h)).map_err(enc_err)?;
         files.push((format!("{w}x{h}"), buf));
     }
+    let gray_at = files.len();
     let gray = GrayImage::from_fn(333, 333, |x, y| image::Luma([((x * 3 + y * 5) % 256) as u8]));
     let mut buf = Vec::new();
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut buf, 90).encode_image(&gray).map_err(enc_err)?;
@@ -190,45 +201,74 @@ fn jpeg_part(j: &GpuJpeg, r: &mut String) -> candle_core::Result<()> {
     files.push(("333x333 png".into(), png));
     let cut = files[3].1[..files[3].1.len() * 2 / 3].to_vec();
     files.push(("333x333 cut".into(), cut));
+    let extra_at = files.len();
+    files.extend(extra.iter().cloned());
 
-    writeln!(r, "nvJPEG ({} backend) + device letterbox against decode_image + letterbox_fit (JPEG quality 90)", j.backend()).ok();
-    writeln!(r, "{:<13} {:<7} {:<9} {:>7} {:>9}  path", "picture", "fit", "input", "max|d|", "mean|d|").ok();
+    writeln!(
+        r,
+        "nvJPEG ({} backend) + device letterbox against decode_image + letterbox_fit (made pictures: JPEG quality 90, 4:2:0); \
+         planes: nvJPEG's planes converted by the letterbox (RGB for a batch with a picture it cannot take), RGB: nvJPEG's RGB",
+        planar.backend()
+    )
+    .ok();
+    writeln!(
+        r,
+        "{:<22} {:<7} {:<9} {:>13} {:>13} {:>13}  path",
+        "picture", "fit", "input", "planes max/mean", "RGB max/mean", "planes vs RGB"
+    )
+    .ok();
+    let all: Vec<usize> = (0..files.len()).collect();
     for fit in [Fit::Square, Fit::Rect] {
-        // square: every picture in one call; rect: one call per picture (the shapes differ)
+        // square: every picture in one call, and all but the gray one (a batch of planes); rect:
+        // one call per picture (the shapes differ)
         let groups: Vec<Vec<usize>> = match fit {
-            Fit::Square => vec![(0..files.len()).collect()],
-            Fit::Rect => (0..files.len()).map(|k| vec![k]).collect(),
+            Fit::Square => vec![all.iter().copied().filter(|&k| k != gray_at).collect(), all.clone()],
+            Fit::Rect => all.iter().map(|&k| vec![k]).collect(),
         };
         for group in groups {
             let bytes: Vec<&[u8]> = group.iter().map(|&k| files[k].1.as_slice()).collect();
             let t = std::time::Instant::now();
-            let (x, results) = j.decode_letterbox(&bytes, SIZE, fit, &limits)?;
+            let (x, results) = planar.decode_letterbox(&bytes, SIZE, fit, &limits)?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
+            let (xr, results_rgb) = rgb.decode_letterbox(&bytes, SIZE, fit, &limits)?;
             let (_, h, w, _) = x.dims4()?;
             let slot = h * w * 3;
             let mut notes = Vec::new();
-            for (i, (&k, res)) in group.iter().zip(&results).enumerate() {
+            for (i, ((&k, res), res_rgb)) in group.iter().zip(&results).zip(&results_rgb).enumerate() {
                 let cpu = decode_image(&files[k].1, &limits).map(|img| letterbox_fit(&img, SIZE, fit));
                 let path = match (res, &cpu) {
                     (Ok(_), _) => "nvJPEG".to_string(),
                     (Err(why), Ok(lb)) => {
-                        j.write_slot(&x, i, lb)?;
+                        planar.write_slot(&x, i, lb)?;
                         format!("fallback ({why}), written by write_slot")
                     }
                     (Err(why), Err(e)) => format!("fallback ({why}); the host refuses it too ({e})"),
                 };
+                if let (Err(_), Ok(lb)) = (res_rgb, &cpu) {
+                    rgb.write_slot(&xr, i, lb)?;
+                }
                 notes.push((k, path, cpu));
             }
-            let got = to_host(&x)?;
-            for (i, (k, path, cpu)) in notes.into_iter().enumerate() {
-                let (max, mean) = match &cpu {
-                    Ok(lb) => {
-                        let (m, _, mean) = compare(&got[i * slot..(i + 1) * slot], &lb.pixels);
-                        (m.to_string(), format!("{mean:.3}"))
+            if let (Some(dir), Fit::Rect, [k]) = (save, fit, group.as_slice()) {
+                if *k >= extra_at && results[0].is_ok() {
+                    for (t, way) in [(&x, "planes"), (&xr, "rgb")] {
+                        t.squeeze(0)?.to_device(&Device::Cpu)?.write_npy(dir.join(format!("{}.{way}.npy", files[*k].0)))?;
                     }
+                }
+            }
+            let (got, got_rgb) = (to_host(&x)?, to_host(&xr)?);
+            for (i, (k, path, cpu)) in notes.into_iter().enumerate() {
+                let range = i * slot..(i + 1) * slot;
+                let vs = |a: &[u8], b: &[u8]| {
+                    let (m, _, mean) = compare(&a[range.clone()], b);
+                    format!("{m}/{mean:.3}")
+                };
+                let (p, q) = match &cpu {
+                    Ok(lb) => (vs(&got, &lb.pixels), vs(&got_rgb, &lb.pixels)),
                     Err(_) => ("-".into(), "-".into()),
                 };
-                writeln!(r, "{:<13} {:<7} {:<9} {max:>7} {mean:>9}  {path}", files[k].0, fit_name(fit), format!("{w}x{h}")).ok();
+                let both = vs(&got, &got_rgb[range.clone()]);
+                writeln!(r, "{:<22} {:<7} {:<9} {p:>13} {q:>13} {both:>13}  {path}", files[k].0, fit_name(fit), format!("{w}x{h}")).ok();
             }
             if group.len() > 1 {
                 writeln!(r, "  ({} pictures in one call: {ms:.1} ms, decode + letterbox, first call includes set-up)", group.len()).ok();

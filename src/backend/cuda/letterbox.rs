@@ -1,7 +1,9 @@
-//! The letterbox on CUDA in one launch per batch (`kernels/letterbox.cu`): decoded RGB pictures
+//! The letterbox on CUDA in one launch per batch (`kernels/letterbox.cu`): decoded pictures
 //! already on the device, each with its own size and row pitch, become the u8 network input
 //! `(B, H, W, 3)`, bit-exact with the host's `letterbox_fit` (OpenCV INTER_LINEAR in fixed point,
-//! pad 114).
+//! pad 114). A picture is RGB interleaved, or a JPEG decoder's Y, Cb and Cr planes, which the
+//! kernel turns into RGB as libjpeg-turbo does (`tests/kernels/letterbox_jpeg_check.cpp` checks it
+//! against libjpeg-turbo itself).
 //!
 //! The tap tables (source index and weights per destination column and row) are computed on the
 //! host by the same `linear_taps` the host resize uses, uploaded once per picture shape and kept
@@ -24,16 +26,75 @@ const MODULE: &str = "yolo_edge_letterbox";
 const MAX_TAP_SHAPES: usize = 256;
 
 /// u64 words per slot in the launch's table (`struct Slot` in `kernels/letterbox.cu`).
-const SLOT_WORDS: usize = 10;
+const SLOT_WORDS: usize = 14;
 
-/// A decoded picture in the source buffer: RGB interleaved, `h` rows of `w * 3` bytes, `pitch`
-/// bytes apart, from byte `offset`.
+/// A decoded picture in the source buffer: `h` rows, `pitch` bytes apart, from byte `offset`, of
+/// `w` pixels RGB interleaved (`w * 3` bytes), or of `w` Y samples where `chroma` is set.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Source {
     pub offset: usize,
     pub pitch: usize,
     pub w: u32,
     pub h: u32,
+    pub chroma: Option<Chroma>,
+}
+
+/// The Cb and Cr planes of a planar picture, each of [`Chroma::size`] samples, rows `pitch` bytes
+/// apart, from byte `cb` and `cr` of the source buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chroma {
+    pub cb: usize,
+    pub cr: usize,
+    pub pitch: usize,
+    pub sampling: Sampling,
+}
+
+/// How a JPEG's chroma planes are sampled against its Y plane: the ones the device letterbox
+/// upsamples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sampling {
+    /// 4:4:4: full size.
+    Full,
+    /// 4:2:2: halved across.
+    Across,
+    /// 4:4:0: halved down.
+    Down,
+    /// 4:2:0: halved both ways.
+    Both,
+}
+
+impl Sampling {
+    /// The sampling whose chroma planes are `cw` x `ch` for a `w` x `h` picture (a halved side
+    /// rounded up), if any.
+    pub fn of(w: u32, h: u32, (cw, ch): (u32, u32)) -> Option<Self> {
+        let halved = |full: u32, c: u32| match c {
+            _ if c == full => Some(false),
+            _ if c == full.div_ceil(2) => Some(true),
+            _ => None,
+        };
+        Some(match (halved(w, cw)?, halved(h, ch)?) {
+            (false, false) => Sampling::Full,
+            (true, false) => Sampling::Across,
+            (false, true) => Sampling::Down,
+            (true, true) => Sampling::Both,
+        })
+    }
+
+    /// Bit 0: halved across; bit 1: halved down (`Slot::halved` in the kernel).
+    fn bits(self) -> u64 {
+        match self {
+            Sampling::Full => 0,
+            Sampling::Across => 1,
+            Sampling::Down => 2,
+            Sampling::Both => 3,
+        }
+    }
+
+    /// Samples across and down of a `w` x `h` picture's chroma planes.
+    pub fn size(self, w: u32, h: u32) -> (u32, u32) {
+        let b = self.bits();
+        (if b & 1 == 1 { w.div_ceil(2) } else { w }, if b & 2 == 2 { h.div_ceil(2) } else { h })
+    }
 }
 
 /// Tap tables on the device per (source width, height, new width, height), and the slot table.
@@ -102,6 +163,8 @@ impl Letterboxer {
                 let (ptr, _record) = t.device_ptr(&stream);
                 ptr
             };
+            let (cb, cr, cpitch, halved) =
+                src.chroma.map_or((0, 0, 0, 0), |c| (c.cb as u64, c.cr as u64, c.pitch as u64, c.sampling.bits()));
             table.extend_from_slice(&[
                 src.offset as u64,
                 taps,
@@ -113,6 +176,10 @@ impl Letterboxer {
                 g.left.into(),
                 g.top.into(),
                 if copy { 1 } else { 2 },
+                cb,
+                cr,
+                cpitch,
+                halved,
             ]);
         }
         if self.table.as_ref().is_none_or(|t| t.host.len() < table.len()) {
@@ -166,12 +233,26 @@ fn check_slot(src: &Source, g: &LetterboxGeometry, (in_w, in_h): (u32, u32), bas
     {
         return Err(format!("resized region {}x{} at ({}, {}) outside the input", g.new_w, g.new_h, g.left, g.top));
     }
-    let row = (src.w as usize).checked_mul(3).ok_or("row size overflows")?;
-    let end = (src.h as usize - 1).checked_mul(src.pitch).and_then(|v| v.checked_add(row)?.checked_add(src.offset));
-    if src.pitch < row || end.is_none_or(|e| e > base_len) {
+    let row = if src.chroma.is_some() { Some(src.w as usize) } else { (src.w as usize).checked_mul(3) };
+    let row = row.ok_or("row size overflows")?;
+    if !plane_inside(src.offset, src.pitch, row, src.h as usize, base_len) {
         return Err(format!("source {}x{} (pitch {}, offset {}) outside its {base_len}-byte buffer", src.w, src.h, src.pitch, src.offset));
     }
+    if let Some(c) = src.chroma {
+        let (cw, ch) = c.sampling.size(src.w, src.h);
+        for (name, at) in [("Cb", c.cb), ("Cr", c.cr)] {
+            if !plane_inside(at, c.pitch, cw as usize, ch as usize, base_len) {
+                return Err(format!("{name} plane {cw}x{ch} (pitch {}, offset {at}) outside its {base_len}-byte buffer", c.pitch));
+            }
+        }
+    }
     Ok(())
+}
+
+/// Whether `rows` rows of `row` bytes, `pitch` apart from byte `offset`, lie in `len` bytes.
+fn plane_inside(offset: usize, pitch: usize, row: usize, rows: usize, len: usize) -> bool {
+    let end = rows.checked_sub(1).and_then(|r| r.checked_mul(pitch)).and_then(|v| v.checked_add(row)?.checked_add(offset));
+    pitch >= row && end.is_some_and(|e| e <= len)
 }
 
 /// `(s0, s1, w0, w1)` per new column, then per new row, as the host resize computes them.
