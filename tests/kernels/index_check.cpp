@@ -12,27 +12,14 @@
 #include <functional>
 #include <vector>
 
-#include "cuda_fp16.h"
-Dim3 blockIdx, blockDim, gridDim, threadIdx;
 #include "candidates.cu"
+#include "cuda_fp16.h"
 #include "epilogue.cu"
 #include "fuse.cu"
 #include "head.cu"
 #include "input.cu"
 #include "nhwc.cu"
 #include "pool.cu"
-
-// every (block, thread) of a grid of `blocks` x `threads`, one after the other
-static void run(unsigned int blocks, unsigned int threads, const std::function<void()> &k) {
-  gridDim.x = blocks;
-  blockDim.x = threads;
-  for (unsigned int b = 0; b < blocks; b++)
-    for (unsigned int t = 0; t < threads; t++) {
-      blockIdx.x = b;
-      threadIdx.x = t;
-      k();
-    }
-}
 
 static int fails = 0;
 // the first failed check of a test is reported and ends that test

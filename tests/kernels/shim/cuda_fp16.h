@@ -1,6 +1,6 @@
-// A CPU stand-in for the CUDA headers the project's kernels include, so that `index_check.cpp`
+// A CPU stand-in for the CUDA headers the project's kernels include, so that the harnesses here
 // can run the kernels on the host: the kernel qualifiers compile away, the built-in thread
-// coordinates are globals the harness sets for every (block, thread) of a launch, the vector
+// coordinates are globals that `run` sets for every (block, thread) of a launch, the vector
 // types have the device's sizes and layouts, and `__half` converts as the device does (IEEE
 // binary16, round to nearest even). The fast-math `__expf` is the host's `expf` here: results
 // are checked against the same arithmetic, not against the device's last bits.
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 
 #define __global__
 #define __device__
@@ -16,7 +17,19 @@
 struct Dim3 {
   unsigned int x = 0, y = 0, z = 0;
 };
-extern Dim3 blockIdx, blockDim, gridDim, threadIdx;
+inline Dim3 blockIdx, blockDim, gridDim, threadIdx;
+
+// A launch: `k` for every (block, thread) of a grid of `blocks` x `threads`, one after the other.
+inline void run(unsigned int blocks, unsigned int threads, const std::function<void()> &k) {
+  gridDim.x = blocks;
+  blockDim.x = threads;
+  for (unsigned int b = 0; b < blocks; b++)
+    for (unsigned int t = 0; t < threads; t++) {
+      blockIdx.x = b;
+      threadIdx.x = t;
+      k();
+    }
+}
 
 struct uint4 {
   unsigned int x, y, z, w;
