@@ -2,11 +2,11 @@
 //! the device letterbox ([`super::letterbox`]) resizes and pads them into the u8 input
 //! `(B, H, W, 3)`, so no pixel of theirs is decoded or resized on the host.
 //!
-//! The hardware decoder returns a batch of YCbCr pictures (4:4:4, 4:2:2, 4:4:0, 4:2:0: nearly
-//! every camera's and photo's) as their Y, Cb and Cr planes, which the letterbox turns into RGB
-//! as libjpeg-turbo, the reference's decoder, does; nvJPEG's own conversion to RGB (what every
-//! other picture gets) differs from libjpeg-turbo's by up to 82 levels on real photos, and
-//! costs a pass that writes 6 MB per 1080p picture.
+//! nvJPEG returns YCbCr pictures (4:4:4, 4:2:2, 4:4:0, 4:2:0: nearly every camera's and photo's)
+//! as their Y, Cb and Cr planes (a hardware batch only where all of its pictures are such),
+//! which the letterbox turns into RGB as libjpeg-turbo, the reference's decoder, does; nvJPEG's
+//! own conversion to RGB (what every other picture gets) differs from libjpeg-turbo's by up to
+//! 82 levels on real photos, and costs a pass that writes 6 MB per 1080p picture.
 //!
 //! nvJPEG is loaded at run time (`libnvjpeg.so.13`, then `libnvjpeg.so`); without it
 //! [`GpuJpeg::new`] is an error and the caller keeps the CPU decoder. The hardware decoder
@@ -656,8 +656,9 @@ impl GpuJpeg {
     /// Decodes the pictures that have a source into `buf`: the hardware decoder's batch first,
     /// then the rest one by one on the default backend. Per picture: `None` when decoded (or not
     /// to be decoded), else why not; and the time the support checks took. The sources come in
-    /// as RGB, each with room for it; the hardware batch's turn planar where every one of its
-    /// pictures is YCbCr with a chroma sampling in `samplings` (and [`GpuJpeg::planar`]).
+    /// as RGB, each with room for it, and turn planar where nvJPEG is to return planes (with
+    /// [`GpuJpeg::planar`]): the hardware batch's where every one of its pictures is YCbCr with
+    /// a chroma sampling in `samplings`, and each such picture the default backend decodes.
     fn decode_round(
         &self,
         default: &Decoder,
@@ -785,12 +786,21 @@ impl GpuJpeg {
         }
         for k in todo {
             let p = pictures[k];
-            let mut img = image(sources[k].as_ref().expect("filtered on a source"));
+            let Some(src) = sources[k].as_mut() else { continue };
+            let planar = match samplings[k] {
+                Some(sampling) if self.planar && jpeg_frame_key(p).is_some_and(|key| key.ycbcr()) => {
+                    *src = planes(src, sampling);
+                    true
+                }
+                _ => false,
+            };
+            let mut img = image(src);
+            let format = if planar { NVJPEG_OUTPUT_YUV } else { NVJPEG_OUTPUT_RGBI };
             // SAFETY: the default handle and state belong together and are used under the lock;
-            // `p` is valid for its length; the destination is a region of `buf` of `pitch * h`
-            // bytes, enough for interleaved RGB of the size nvJPEG read (checked in `plan`).
-            let status =
-                unsafe { (api.decode)(default.handle, default.state, p.as_ptr(), p.len(), NVJPEG_OUTPUT_RGBI, &mut img, cu_stream) };
+            // `p` is valid for its length; the destination is a region of `buf` of `w * 3 * h`
+            // bytes, enough for interleaved RGB or the three planes (`planes`) of the sizes
+            // nvJPEG read (`plan`).
+            let status = unsafe { (api.decode)(default.handle, default.state, p.as_ptr(), p.len(), format, &mut img, cu_stream) };
             if let Err(e) = check("nvjpegDecode", status) {
                 fallbacks[k] = Some(e.into());
             }
