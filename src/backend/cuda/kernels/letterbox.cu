@@ -7,20 +7,21 @@
 // slots without a picture, the pad value 114. One thread per destination pixel (3 bytes).
 //
 // A picture is either RGB interleaved or the JPEG decoder's own planes: Y at full size and Cb, Cr
-// at full size or halved across (4:2:2) or both ways (4:2:0). The planes become RGB where the
-// resize reads them, as libjpeg-turbo (the reference's decoder) makes them: its "fancy"
-// upsampling (jdsample.c `h2v1_`, `h1v2_` and `h2v2_fancy_upsample`: 3/4 of the nearer chroma
-// sample and 1/4 of the further one in each halved direction, the first and last row and column
-// as it handles them) and its YCbCr to RGB conversion (jdcolor.c `ycc_rgb_convert`, 16-bit fixed
-// point). Asking nvJPEG for the planes instead of RGB saves its conversion pass and 6 MB written
-// per 1080p picture.
+// at full size (4:4:4) or halved across (4:2:2), down (4:4:0) or both ways (4:2:0). The planes
+// become RGB where the resize reads them, as libjpeg-turbo (the reference's decoder) makes them:
+// its "fancy" upsampling (jdsample.c `h2v1_`, `h1v2_` and `h2v2_fancy_upsample`: 3/4 of the
+// nearer chroma sample and 1/4 of the further one in each halved direction, the first and last
+// row and column as it handles them) and its YCbCr to RGB conversion (jdcolor.c
+// `ycc_rgb_convert`, 16-bit fixed point). Asking nvJPEG for the planes instead of RGB saves its
+// conversion pass and 6 MB written per 1080p picture, and its chroma upsampling, up to 82 levels
+// off libjpeg-turbo's on a photo.
 //
 // The decoded pictures are read with streaming loads (evict-first in L2): a 1080p picture is 6 MB,
 // and read with plain loads it pushed the model's weights and activations out of L2, so that the
 // pass right after it ran 0.04 ms longer at batch 1 (BENCHMARKS.md, GPU).
 // Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/letterbox.rs.
 
-// One slot, written by the host as 14 u64 words in this order (letterbox.rs `Slot::words`).
+// One slot, written by the host as 14 u64 words in this order (letterbox.rs `Letterboxer::run`).
 struct Slot {
   unsigned long long src;       // offset of the picture's first row (RGB, or the Y plane) in `base`
   unsigned long long taps;      // device address of the int taps: 4 per new column, then 4 per new row
