@@ -18,7 +18,7 @@ TARGET=aarch64-unknown-linux-gnu
 case "${1:-test}" in
   setup)
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static file
+      gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static file cmake
     rustup target add "$TARGET"
     ;;
   test)

@@ -133,17 +133,26 @@ def rust_letterbox(path: Path, imgsz: int = 640, allow_fallback: bool = True) ->
             subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, timeout=1800)
             arr = np.load(out)
             assert arr.dtype == np.uint8 and arr.shape == (imgsz, imgsz, 3), (arr.dtype, arr.shape)
-            return arr, "rust: " + " ".join(shlex.quote(c) for c in cmd[: len(cmd) - len(args)]) + " letterbox"
+            ref = reference_letterbox(path, imgsz)
+            assert np.array_equal(arr, ref), (f"{path.name}: the Rust letterbox differs from cv2.imread + LetterBox in "
+                                              f"{int((arr != ref).sum())} bytes")
+            return arr, ("rust: " + " ".join(shlex.quote(c) for c in cmd[: len(cmd) - len(args)]) + " letterbox "
+                         "(asserted equal to cv2.imread + LetterBox(auto=False) byte for byte)")
         except Exception as e:  # noqa: BLE001
             if not allow_fallback:
                 raise
             _warn(f"Rust letterbox unavailable ({type(e).__name__}: {str(e)[:200]}); "
                             "FALLING BACK to cv2 decode + LetterBox: goldens are NOT valid for the Rust tests")
+    return reference_letterbox(path, imgsz), "cv2-fallback (DEV ONLY)"
+
+
+def reference_letterbox(path: Path, imgsz: int = 640) -> np.ndarray:
+    """The reference's square input pixels, RGB: cv2.imread (ultralytics' loader) + LetterBox((imgsz, imgsz), auto=False)."""
     import cv2
     from ultralytics.data.augment import LetterBox
 
     bgr = cv2.imread(str(path))
-    return np.ascontiguousarray(LetterBox((imgsz, imgsz), auto=False)(image=bgr)[:, :, ::-1]), "cv2-fallback (DEV ONLY)"
+    return np.ascontiguousarray(LetterBox((imgsz, imgsz), auto=False)(image=bgr)[:, :, ::-1])
 
 
 def to_input(arrs: list[np.ndarray]):

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use image::{ImageDecoder, ImageReader, RgbImage};
 
+use super::jpeg;
+
 pub use image::metadata::Orientation;
 
 /// Value of the padding added around the resized picture (as the reference).
@@ -50,9 +52,22 @@ pub enum ImageError {
 }
 
 /// Decodes an encoded image into RGB8, honouring EXIF orientation; never panics on bad input.
+///
+/// JPEGs are decoded as the reference's loader (OpenCV's `imread`) decodes them, by libjpeg-turbo
+/// at its defaults: their pixels are the reference's byte for byte. The other formats by the
+/// `image` crate.
 pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, ImageError> {
     let reader = open(bytes, limits)?;
     let format = reader.format().ok_or(ImageError::UnknownFormat)?;
+    if format == image::ImageFormat::Jpeg {
+        let (_, _, orientation) = check_jpeg_header(bytes, limits)?;
+        let corrupt = |reason| ImageError::Corrupt { format: "JPEG".into(), reason };
+        let (width, height, rgb) = jpeg::decode_rgb(bytes, limits.max_pixels).map_err(corrupt)?;
+        let img = RgbImage::from_raw(width, height, rgb).ok_or_else(|| corrupt("the decoder gave a short picture".into()))?;
+        let mut img = image::DynamicImage::ImageRgb8(img);
+        img.apply_orientation(orientation);
+        return Ok(img.into_rgb8());
+    }
     let fmt_name = format_name(format);
     let (mut decoder, _, _) = checked_decoder(reader, format, bytes, limits)?;
     let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);

@@ -8,6 +8,7 @@ mod common;
 mod formats;
 #[path = "../common/hostile.rs"]
 mod hostile;
+mod jpeg;
 mod kernels;
 mod parity;
 mod resize;

@@ -117,7 +117,8 @@ fn real_checkpoint_raw_output_f16() {
 }
 
 /// Detections from the JPEG files, box for box against the reference's own pipeline (cv2
-/// decode + LetterBox + NMS + scale_boxes) at conf 0.01.
+/// decode + LetterBox + NMS + scale_boxes) at conf 0.01, within issue 20's bounds (IoU 0.99,
+/// confidence 1e-3): the decoded pixels are the reference's byte for byte (`tests/model/jpeg.rs`).
 #[test]
 fn real_checkpoint_detections_match_reference() {
     let g = golden("real_yolov9t_ball.json");
@@ -134,15 +135,15 @@ fn real_checkpoint_detections_match_reference() {
             let rb = [rb[0], rb[1], rb[2], rb[3]];
             let rc = r["confidence"].as_f64().unwrap() as f32;
             let hit = mine.iter().find(|d| {
-                d.class_id as u64 == r["class_id"].as_u64().unwrap() && iou(&d.bbox, &rb) >= 0.95 && (d.confidence - rc).abs() <= 0.01
+                d.class_id as u64 == r["class_id"].as_u64().unwrap() && iou(&d.bbox, &rb) >= 0.99 && (d.confidence - rc).abs() <= 1e-3
             });
             // a reference box right at the threshold may fall on either side of it
-            assert!(hit.is_some() || rc < th.conf + 0.01, "image {img}: reference box {rb:?} conf {rc} has no match in {mine:?}");
+            assert!(hit.is_some() || rc < th.conf + 1e-3, "image {img}: reference box {rb:?} conf {rc} has no match in {mine:?}");
             matched += hit.is_some() as usize;
         }
-        let extra = mine.iter().filter(|d| d.confidence >= th.conf + 0.01).count();
-        let theirs_above = theirs.iter().filter(|r| r["confidence"].as_f64().unwrap() as f32 >= th.conf + 0.01).count();
-        assert_eq!(extra, theirs_above, "image {img}: {extra} boxes above {} here, {theirs_above} in the reference", th.conf + 0.01);
+        let extra = mine.iter().filter(|d| d.confidence >= th.conf + 1e-3).count();
+        let theirs_above = theirs.iter().filter(|r| r["confidence"].as_f64().unwrap() as f32 >= th.conf + 1e-3).count();
+        assert_eq!(extra, theirs_above, "image {img}: {extra} boxes above {} here, {theirs_above} in the reference", th.conf + 1e-3);
     }
     assert!(matched > 0, "no detections compared");
 }
@@ -231,12 +232,15 @@ struct RectStats {
     max_raw_rel: f64,
     /// boxes whose class differs from the reference's where the two classes' scores tie
     class_ties: usize,
+    /// reference boxes missing here where both lists are max_det long and the box ties the last
+    /// one kept here (within [`CLASS_TIE`]): f32 rounding decides which side of the cutoff it falls
+    cutoff_ties: usize,
 }
 
 /// Two classes whose scores at one anchor are this close (in our output) are a tie that f32
 /// rounding decides: the only case in which a box may carry another class than the reference's.
 /// Seen on random weights only, whose scores crowd near 1.0 (yolov9t, court-portrait: reference
-/// gaps of 1.2e-7 and 4.8e-7).
+/// gaps of 1.2e-7 and 4.8e-7). The same bound decides ties at the max_det cutoff.
 const CLASS_TIE: f32 = 1e-6;
 
 /// A batch-1 raw output `(1, 4 + nc, anchors)` on the host.
@@ -294,12 +298,13 @@ fn reference_box(r: &serde_json::Value) -> ([f32; 4], f32, u64) {
 /// default conf 0.25 and at conf 0.01 (iou 0.7, max_det 300) match `predict`'s box for box: the
 /// same number, each reference box paired with its own one of ours of the same class with IoU >=
 /// 0.99 and confidence within 1e-3 (or, counted in `class_ties`, the same box and confidence with
-/// a class whose score ties ours within [`CLASS_TIE`]). Detections come from the one raw pass per case through
+/// a class whose score ties ours within [`CLASS_TIE`]; or, counted in `cutoff_ties`, missing here where
+/// both lists are max_det long and its confidence ties the last we kept). Detections come from the one raw pass per case through
 /// `Detector::detect`'s batch-1 path (candidates, then NMS and scaling back to the picture).
 fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats {
     use sha2::Digest;
     let hex = |b: &[u8]| sha2::Sha256::digest(b).iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let mut st = RectStats { boxes: 0, min_iou: 1.0, max_conf_diff: 0.0, max_raw_rel: 0.0, class_ties: 0 };
+    let mut st = RectStats { boxes: 0, min_iou: 1.0, max_conf_diff: 0.0, max_raw_rel: 0.0, class_ties: 0, cutoff_ties: 0 };
     let mut misses = vec![];
     for case in g["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
@@ -364,6 +369,12 @@ fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats
                         (i, o, dc)
                     }
                     (None, None) => {
+                        let full = theirs.len() == th.max_det && mine.len() == th.max_det;
+                        if let Some(last) = mine.last().filter(|l| full && (l.confidence - rc).abs() <= CLASS_TIE) {
+                            eprintln!("{name} {key}: max_det cutoff tie: reference box conf {rc}, the last kept here {}", last.confidence);
+                            st.cutoff_ties += 1;
+                            continue;
+                        }
                         // for the report: the nearest of ours whatever its class
                         let best = (0..mine.len()).filter(|&i| !used[i]).map(near).max_by(|a, b| a.1.total_cmp(&b.1));
                         misses.push(format!(
@@ -393,17 +404,20 @@ fn rect_parity(g: &serde_json::Value, det: &Detector, raw_tol: f64) -> RectStats
 /// The rect letterbox against ultralytics `predict` at its defaults (and at conf 0.01, for boxes
 /// near the threshold), box for box: same classes, IoU >= 0.99, confidence within 1e-3, on photos
 /// of five aspect ratios (3:2, 16:9, portrait, 4:3, square; sides not multiples of 32), decoded
-/// by yolo-edge on both sides. Golden: `scripts/make_rect_goldens.py --models real`.
+/// as cv2.imread decodes them (the golden's script asserts yolo-edge's pixels equal its). Golden:
+/// `scripts/make_rect_goldens.py --models real`.
 #[test]
 fn rect_letterbox_detections_match_predict_box_for_box() {
     let st = rect_parity(&golden("rect_yolov9t_ball.json"), &real_model(DType::F32), 2e-4);
-    assert!(st.boxes >= 10 && st.class_ties == 0, "{st:?}");
+    assert!(st.boxes >= 10 && st.class_ties == 0 && st.cutoff_ties == 0, "{st:?}");
 }
 
 /// The same on the seeded-random-weight models of the random goldens (80 classes, BatchNorm
 /// calibrated on the fixtures here as in `random_weights_parity`), raw outputs within those
 /// goldens' tolerance; predict keeps max_det (300) boxes at both thresholds on every case, and at
-/// most 1% of them may match as class ties (yolov9t: 4 of 3000, all on court-portrait). Goldens:
+/// most 1% of them may match as class ties or be missing as max_det cutoff ties (yolov9t: 2 class
+/// ties on court-16x9, gap 1.8e-7; the reference's last box on court-portrait 5e-7 from ours;
+/// yolov9c: its last box on court-16x9 1e-7 from ours; each in both lists). Goldens:
 /// `YOLO_EDGE_BIN=target/debug/yolo-edge ~/.cache/yolo-edge/ref-venv/bin/python scripts/make_rect_goldens.py --models t,c`
 fn rect_random_parity(variant: &str) {
     let g = golden(&format!("rect_random_{variant}.json"));
@@ -412,6 +426,7 @@ fn rect_random_parity(variant: &str) {
     let st = rect_parity(&g, &det, 2e-3);
     assert!(st.boxes >= 10, "{variant}: only {} boxes compared", st.boxes);
     assert!(st.class_ties * 100 <= st.boxes, "{variant}: {} of {} boxes matched only as class ties", st.class_ties, st.boxes);
+    assert!(st.cutoff_ties * 100 <= st.boxes, "{variant}: {} of {} boxes missing as cutoff ties", st.cutoff_ties, st.boxes);
 }
 
 #[test]

@@ -1,0 +1,116 @@
+//! JPEG pixels as the reference gets them: libjpeg-turbo, the decoder OpenCV's `imread` runs
+//! under ultralytics, through its TurboJPEG API at its defaults (the accurate integer IDCT,
+//! smooth chroma upsampling, its fixed-point YCbCr to RGB; CMYK and YCCK files to CMYK, then
+//! OpenCV's own CMYK to RGB), so that a photo's pixels are the reference's byte for byte. Bounds
+//! go on the decoder before a pixel is decoded: the picture's pixel count, the memory of a
+//! progressive file's coefficients and the number of its scans.
+//!
+//! May use: turbojpeg-sys (libjpeg-turbo, built from its bundled source and linked statically),
+//! the standard library. The caller ([`super::preprocess`]) checks the file and its headers first.
+
+use std::ffi::CStr;
+
+use turbojpeg_sys as tj;
+
+/// Most scans a progressive file may have: each one is a pass over every coefficient, so a file
+/// of thousands of tiny scans is a denial of service in a few kilobytes (libjpeg-turbo's own fuzz
+/// targets stop at 500; a progressive camera or web picture has about 10).
+const MAX_SCANS: i32 = 500;
+
+/// One TurboJPEG decompressor instance, destroyed on drop.
+struct Handle(tj::tjhandle);
+
+impl Handle {
+    fn new() -> Result<Self, String> {
+        // SAFETY: tj3Init takes no pointer; it returns a new instance or null.
+        let h = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as libc::c_int) };
+        if h.is_null() {
+            Err("libjpeg-turbo could not allocate a decompressor".into())
+        } else {
+            Ok(Self(h))
+        }
+    }
+
+    fn set(&mut self, param: tj::TJPARAM, value: libc::c_int) -> Result<(), String> {
+        // SAFETY: self.0 is a live instance (new() checked it, drop destroys it once).
+        if unsafe { tj::tj3Set(self.0, param as libc::c_int, value) } == 0 {
+            Ok(())
+        } else {
+            Err(self.message())
+        }
+    }
+
+    fn get(&self, param: tj::TJPARAM) -> libc::c_int {
+        // SAFETY: as in set; tj3Get only reads the instance.
+        unsafe { tj::tj3Get(self.0, param as libc::c_int) }
+    }
+
+    /// Makes the return code of a call on this instance a result: a warning (corrupt data that
+    /// libjpeg-turbo decoded through, as OpenCV accepts it) is success, an error is its message.
+    fn check(&self, rc: libc::c_int) -> Result<(), String> {
+        // SAFETY: as in get; tj3GetErrorCode reads the instance's last error.
+        if rc == 0 || unsafe { tj::tj3GetErrorCode(self.0) } == tj::TJERR_TJERR_WARNING as libc::c_int {
+            Ok(())
+        } else {
+            Err(self.message())
+        }
+    }
+
+    fn message(&self) -> String {
+        // SAFETY: tj3GetErrorStr returns a pointer to a NUL-terminated buffer inside the instance
+        // (never null), valid until the next call on it; it is copied out at once.
+        unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.0)) }.to_string_lossy().trim().to_string()
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the instance is live and destroyed only here.
+        unsafe { tj::tj3Destroy(self.0) }
+    }
+}
+
+/// Decodes `bytes` (a JPEG file whose headers the caller has checked) to packed RGB8 rows as
+/// OpenCV's `imread` does (before EXIF orientation), refusing a picture of more than `max_pixels`
+/// pixels before decoding it: (width, height, pixels). Errors are libjpeg-turbo's messages.
+pub(crate) fn decode_rgb(bytes: &[u8], max_pixels: u64) -> Result<(u32, u32, Vec<u8>), String> {
+    let mut h = Handle::new()?;
+    let clamp = |v: u64| libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
+    h.set(tj::TJPARAM_TJPARAM_MAXPIXELS, clamp(max_pixels))?;
+    // a progressive picture keeps every coefficient: 2 bytes per sample, 4 samples per pixel at
+    // most; in megabytes, with room for the entropy decoder's own tables
+    h.set(tj::TJPARAM_TJPARAM_MAXMEMORY, clamp(max_pixels.saturating_mul(8) / (1 << 20) + 16))?;
+    h.set(tj::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS)?;
+    let len = tj::size_t::try_from(bytes.len()).map_err(|_| "the file is too large".to_string())?;
+    // SAFETY: `bytes` is valid for `len` bytes for the whole call and is only read.
+    h.check(unsafe { tj::tj3DecompressHeader(h.0, bytes.as_ptr(), len) })?;
+    let colorspace = h.get(tj::TJPARAM_TJPARAM_COLORSPACE);
+    let cmyk = colorspace == tj::TJCS_TJCS_CMYK as libc::c_int || colorspace == tj::TJCS_TJCS_YCCK as libc::c_int;
+    let (w, hgt) = (h.get(tj::TJPARAM_TJPARAM_JPEGWIDTH), h.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT));
+    let (Ok(width), Ok(height)) = (u32::try_from(w), u32::try_from(hgt)) else {
+        return Err(format!("a frame of {w}x{hgt}"));
+    };
+    if width == 0 || height == 0 || u64::from(width) * u64::from(height) > max_pixels {
+        return Err(format!("a frame of {width}x{height}, above the limit of {max_pixels} pixels"));
+    }
+    let (format, channels) = if cmyk { (tj::TJPF_TJPF_CMYK, 4) } else { (tj::TJPF_TJPF_RGB, 3) };
+    let pitch = width as usize * channels;
+    let mut out = vec![0u8; pitch * height as usize];
+    let pitch_c = libc::c_int::try_from(pitch).map_err(|_| format!("rows of {pitch} bytes"))?;
+    // SAFETY: `out` holds `height` rows of `pitch` bytes, what a picture of the size the header
+    // gave needs in `format` (the call reads the same header again); `bytes` as above.
+    let rc = unsafe { tj::tj3Decompress8(h.0, bytes.as_ptr(), len, out.as_mut_ptr(), pitch_c, format as libc::c_int) };
+    h.check(rc)?;
+    if cmyk {
+        out = cmyk_to_rgb(&out);
+    }
+    Ok((width, height, out))
+}
+
+/// OpenCV's CMYK to RGB (imgcodecs `icvCvt_CMYK2BGR_8u_C4C3R`), on libjpeg-turbo's CMYK samples
+/// (Adobe's inverted convention, as libjpeg stores them): each of C, M, Y becomes
+/// `k - ((255 - v) * k >> 8)`.
+fn cmyk_to_rgb(cmyk: &[u8]) -> Vec<u8> {
+    let mix = |v: u8, k: u8| (i32::from(k) - (((255 - i32::from(v)) * i32::from(k)) >> 8)) as u8;
+    cmyk.chunks_exact(4).flat_map(|p| [mix(p[0], p[3]), mix(p[1], p[3]), mix(p[2], p[3])]).collect()
+}
