@@ -86,9 +86,10 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
 /// (before EXIF orientation) and the EXIF orientation. For decoders that take the file elsewhere
 /// (nvJPEG) and ignore EXIF.
 ///
-/// The headers are read by the same decoder with the same options as [`decode_image`]'s (image's
-/// JPEG decoder is zune-jpeg), straight from `bytes`: image's decoder would first copy the whole
-/// file and read its headers twice, three times the cost of the check.
+/// The headers are read by zune-jpeg (the `image` crate's JPEG decoder) with the options `image`
+/// gives it, straight from `bytes` (through `image`, it would first copy the whole file and read
+/// its headers twice, three times the cost of the check); [`decode_image`] runs this check before
+/// libjpeg-turbo decodes the pixels.
 pub fn check_jpeg_header(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u32, Orientation), ImageError> {
     let reader = open(bytes, limits)?;
     if reader.format() != Some(image::ImageFormat::Jpeg) {
