@@ -831,6 +831,7 @@ pub(crate) mod tests {
     /// reduction rows from the middle). The inputs sit between NaNs, so a lane read outside a
     /// part (a padding tap) would show; values are small integers, so the sums are exact.
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn in_place_matches_naive() {
         let mut checked = 0;
         for &(h, w) in &[(1, 1), (1, 5), (2, 3), (2, 17), (3, 16), (5, 7), (4, 32), (7, 33), (9, 40), (6, 20), (1, 70)] {
