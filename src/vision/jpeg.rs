@@ -114,3 +114,56 @@ fn cmyk_to_rgb(cmyk: &[u8]) -> Vec<u8> {
     let mix = |v: u8, k: u8| (i32::from(k) - (((255 - i32::from(v)) * i32::from(k)) >> 8)) as u8;
     cmyk.chunks_exact(4).flat_map(|p| [mix(p[0], p[3]), mix(p[1], p[3]), mix(p[2], p[3])]).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 4:2:0 JPEG of a 37x21 gradient (the `image` crate's encoder, quality 90).
+    fn jpeg() -> Vec<u8> {
+        let img = image::RgbImage::from_fn(37, 21, |x, y| image::Rgb([(x * 7) as u8, (y * 12) as u8, ((x + y) * 5) as u8]));
+        let mut buf = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut buf, 90).encode_image(&img).unwrap();
+        buf
+    }
+
+    #[test]
+    fn decodes_packed_rgb_rows_of_the_headers_size() {
+        let (w, h, rgb) = decode_rgb(&jpeg(), 1 << 20).unwrap();
+        assert_eq!((w, h, rgb.len()), (37, 21, 37 * 21 * 3));
+        // the gradient survives the round trip: the right column is redder than the left
+        assert!(rgb[36 * 3] > rgb[0] + 150, "{} {}", rgb[36 * 3], rgb[0]);
+    }
+
+    #[test]
+    fn a_picture_over_the_pixel_limit_is_refused_before_decoding() {
+        let e = decode_rgb(&jpeg(), 37 * 21 - 1).unwrap_err();
+        assert!(e.contains("limit") || e.contains("exceeds"), "{e}");
+    }
+
+    #[test]
+    fn data_decoded_through_with_a_warning_gives_the_same_picture() {
+        // junk between the scan and the end-of-image marker: libjpeg-turbo warns ("extraneous
+        // bytes before marker 0xd9") and decodes every pixel, as OpenCV accepts it
+        let good = jpeg();
+        let mut junk = good[..good.len() - 2].to_vec();
+        junk.extend_from_slice(&[0x00, 0x11, 0x22, 0xFF, 0xD9]);
+        assert_eq!(decode_rgb(&junk, 1 << 20).unwrap(), decode_rgb(&good, 1 << 20).unwrap());
+    }
+
+    #[test]
+    fn garbage_is_an_error_with_libjpeg_turbos_reason() {
+        let mut cut = jpeg();
+        cut.truncate(20);
+        let e = decode_rgb(&cut, 1 << 20).unwrap_err();
+        assert!(!e.is_empty());
+        assert!(decode_rgb(b"not a jpeg", 1 << 20).is_err());
+    }
+
+    #[test]
+    fn cmyk_converts_as_opencv() {
+        // k - ((255 - v) * k >> 8) per channel (imgcodecs utils.cpp): white ink-free (255, k 255)
+        // stays 255; k = 0 is black whatever the inks; v = 0 with k = 200 gives 200 - 199 = 1
+        assert_eq!(cmyk_to_rgb(&[255, 255, 255, 255, 9, 99, 199, 0, 0, 128, 255, 200]), [255, 255, 255, 0, 0, 0, 1, 101, 200]);
+    }
+}
