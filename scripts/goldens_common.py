@@ -147,7 +147,7 @@ def rust_letterbox(path: Path, imgsz: int = 640, allow_fallback: bool = True) ->
 
 
 def reference_letterbox(path: Path, imgsz: int = 640) -> np.ndarray:
-    """The reference's square input pixels, RGB: cv2.imread (ultralytics' loader) + LetterBox((imgsz, imgsz), auto=False)."""
+    """The reference's square input, RGB: cv2.imread (ultralytics' loader) + LetterBox((imgsz, imgsz), auto=False)."""
     import cv2
     from ultralytics.data.augment import LetterBox
 

@@ -16,8 +16,8 @@ For each case the picture is decoded (and cropped) by yolo-edge itself (`yolo-ed
 the script asserts those pixels equal the reference loader's (`cv2.imread`) byte for byte; the reference then does
 everything else its own way: `model.predict` on the BGR array (LetterBox(auto=True) when the batch shares a shape,
 its NMS, `scale_boxes`), at its defaults (imgsz 640, conf 0.25, iou 0.7, max_det 300) and again at conf 0.01 for many
-boxes near the threshold. The raw output on the rect input (yolo-edge's rect letterbox pixels, `--fit rect`) is summarised as in the other goldens
-(512 samples; 256 for the seeded models). Random weights score nearly every anchor above 0.25, so their lists are
+boxes near the threshold. The raw output on the rect input (yolo-edge's rect letterbox pixels, `--fit rect`) is
+summarised as in the other goldens (512 samples; 256 for the seeded models). Random weights score nearly every anchor above 0.25, so their lists are
 max_det (300) boxes long: to keep those files small the boxes are rows `[x1, y1, x2, y2, confidence, class_id]` (f32
 values as their shortest round-trip decimals), and a conf-0.01 list equal to the default one is written as
 `{"same_as": "predict_default"}`. Tests: tests/model/parity.rs, `rect_letterbox_*`.
@@ -65,7 +65,7 @@ def rust_pixels(fixture: Path, crop, extra: list[str]) -> np.ndarray:
 
 
 def decoded_pixels(fixture: Path, crop) -> np.ndarray:
-    """yolo-edge's decoded (and cropped) RGB pixels, asserted equal to the reference loader's (cv2.imread) byte for byte."""
+    """yolo-edge's decoded (and cropped) RGB pixels, asserted equal to cv2.imread's (the reference's loader)."""
     import cv2
 
     rgb = rust_pixels(fixture, crop, ["--decoded"])
@@ -173,8 +173,8 @@ def main() -> None:
     torch.manual_seed(0)
     pixels = [(decoded_pixels(gc.FIXTURES / f, crop), rust_pixels(gc.FIXTURES / f, crop, ["--fit", "rect"]))
               for _, f, crop in CASES]
-    how = ("yolo-edge letterbox --decoded (pixels, asserted equal to cv2.imread's byte for byte), then ultralytics YOLO(ckpt).predict(bgr) at its defaults and at "
-           "conf=0.01, device=cpu; raw: model.model on yolo-edge's --fit rect pixels")
+    how = ("yolo-edge letterbox --decoded (pixels, asserted equal to cv2.imread's byte for byte), then ultralytics "
+           "YOLO(ckpt).predict(bgr) at its defaults and at conf=0.01, device=cpu; raw: model.model on yolo-edge's --fit rect pixels")
     # the real checkpoint first: DetectionModel(yaml) flips the class-wide Detect.legacy
     for m in sorted(a.models.split(","), key=lambda m: m != "real"):
         if m == "real":

@@ -112,7 +112,8 @@ def cases() -> list[tuple[str, bytes, str, str | None]]:
         for w, h in ((1, 1), (2, 2), (3, 7), (17, 33), (33, 17)):
             out.append((f"synthetic-{w}x{h}-{s}", cv2_jpeg(synthetic(w, h, w * 100 + h), s), f"{w}x{h}, {s}", None))
     out += [
-        ("court-progressive", cv2_jpeg(photo(court, 0, 0, 1280, 720), "420", progressive=True), "progressive 4:2:0", None),
+        ("court-progressive", cv2_jpeg(photo(court, 0, 0, 1280, 720), "420", progressive=True), "progressive 4:2:0",
+         None),
         ("horses-progressive-444", cv2_jpeg(photo(horses, 0, 0, 773, 512), "444", progressive=True),
          "progressive 4:4:4", None),
         ("court-restart", cv2_jpeg(photo(court, 100, 50, 800, 600), "420", restart=7), "restart interval 7 MCUs", None),
@@ -127,7 +128,8 @@ def cases() -> list[tuple[str, bytes, str, str | None]]:
     out.append(("horses-cmyk", pil_jpeg(photo(horses, 0, 0, 320, 240), mode="CMYK"), "CMYK (Pillow's encoder)", None))
     # corrupt data that libjpeg-turbo decodes through with a warning, as OpenCV does
     base = cv2_jpeg(photo(court, 0, 0, 640, 480), "420")
-    out.append(("extraneous-bytes", base[:-2] + b"\x00\x11\x22" + base[-2:], "3 bytes of junk before the EOI marker", None))
+    out.append(("extraneous-bytes", base[:-2] + b"\x00\x11\x22" + base[-2:], "3 bytes of junk before the EOI marker",
+                None))
     head, scans, eoi = segments(base)
     data = bytearray(scans[0])
     for k in range(len(data) // 2, len(data) // 2 + 64, 8):

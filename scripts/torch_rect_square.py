@@ -73,7 +73,8 @@ def main() -> None:
                             e.synchronize()
                             ts.append(s.elapsed_time(e))
                     med = statistics.median(ts)
-                    r = dict(variant=v, mode=mode, input=f"{w}x{h}", batch=b, ms=round(med, 4), ips=round(b * 1000 / med, 1),
+                    r = dict(variant=v, mode=mode, input=f"{w}x{h}", batch=b, ms=round(med, 4),
+                             ips=round(b * 1000 / med, 1),
                              p99_ms=round(sorted(ts)[int(0.99 * (len(ts) - 1))], 4), warmup_s=round(warm, 1))
                     res.append(r)
                     print(json.dumps(r), flush=True)

@@ -60,7 +60,7 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
     let reader = open(bytes, limits)?;
     let format = reader.format().ok_or(ImageError::UnknownFormat)?;
     if format == image::ImageFormat::Jpeg {
-        let (_, _, orientation) = check_jpeg_header(bytes, limits)?;
+        let (_, _, orientation) = checked_jpeg_headers(bytes, limits)?;
         let corrupt = |reason| ImageError::Corrupt { format: "JPEG".into(), reason };
         let (width, height, rgb) = jpeg::decode_rgb(bytes, limits.max_pixels).map_err(corrupt)?;
         let img = RgbImage::from_raw(width, height, rgb).ok_or_else(|| corrupt("the decoder gave a short picture".into()))?;
@@ -95,6 +95,11 @@ pub fn check_jpeg_header(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u3
     if reader.format() != Some(image::ImageFormat::Jpeg) {
         return Err(ImageError::NotJpeg);
     }
+    checked_jpeg_headers(bytes, limits)
+}
+
+/// [`check_jpeg_header`] after the size and format checks.
+fn checked_jpeg_headers(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u32, Orientation), ImageError> {
     check_jpeg_complete(bytes)?;
     let corrupt = |reason: String| ImageError::Corrupt { format: "JPEG".into(), reason };
     let options = zune_core::options::DecoderOptions::default().set_strict_mode(false).set_max_width(usize::MAX).set_max_height(usize::MAX);

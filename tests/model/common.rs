@@ -16,6 +16,19 @@ pub fn fixture(name: &str) -> PathBuf {
     p
 }
 
+/// The folder `sub` of the generated test data (`$YOLO_EDGE_TESTDATA`, else `target/testdata`)
+/// when it holds a `manifest.json`; `None` (the test skips) on a machine that has not run
+/// `script`, unless `YOLO_EDGE_REQUIRE_TESTDATA` is set (CI), where that is a failure.
+pub fn testdata(sub: &str, script: &str) -> Option<PathBuf> {
+    let dir = std::env::var("YOLO_EDGE_TESTDATA").map(PathBuf::from).unwrap_or_else(|_| root().join("target/testdata")).join(sub);
+    if dir.join("manifest.json").exists() {
+        return Some(dir);
+    }
+    assert!(std::env::var("YOLO_EDGE_REQUIRE_TESTDATA").is_err(), "{} has no manifest.json", dir.display());
+    eprintln!("SKIP: {} missing (run {script})", dir.display());
+    None
+}
+
 pub fn golden(name: &str) -> Value {
     let p = root().join("tests/goldens").join(name);
     let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e} (run scripts/make_goldens.py)", p.display()));

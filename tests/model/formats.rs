@@ -154,12 +154,7 @@ fn damaged_files_give_errors_not_panics() {
 /// machine without the reference venv skips, unless `YOLO_EDGE_REQUIRE_TESTDATA` is set.
 #[test]
 fn generated_reference_checkpoints() {
-    let dir = std::env::var("YOLO_EDGE_TESTDATA").map(PathBuf::from).unwrap_or_else(|_| root().join("target/testdata"));
-    if !dir.join("manifest.json").exists() {
-        assert!(std::env::var("YOLO_EDGE_REQUIRE_TESTDATA").is_err(), "{} has no manifest.json", dir.display());
-        eprintln!("SKIP: {} missing (run scripts/make_test_checkpoints.py)", dir.display());
-        return;
-    }
+    let Some(dir) = testdata("", "scripts/make_test_checkpoints.py") else { return };
     let seeded_input = || {
         let v: Vec<f32> = crate::seeded::uniforms("test-input", 3 * 640 * 640).into_iter().map(|u| u as f32).collect();
         Tensor::from_vec(v, (1, 3, 640, 640), &Device::Cpu).unwrap()

@@ -4,21 +4,14 @@
 //! (`cv2.imread`, as ultralytics loads pictures). CI generates them (`.ci/run`); a developer
 //! machine without the reference venv skips, unless `YOLO_EDGE_REQUIRE_TESTDATA` is set.
 
-use std::path::PathBuf;
-
 use yolo_edge::vision::preprocess::{self, DecodeLimits, ImageError};
 
-use crate::common::root;
+use crate::common::testdata;
 
 #[test]
 fn jpeg_pixels_are_the_references() {
-    let dir = std::env::var("YOLO_EDGE_TESTDATA").map(PathBuf::from).unwrap_or_else(|_| root().join("target/testdata")).join("jpeg");
-    let Ok(manifest) = std::fs::read_to_string(dir.join("manifest.json")) else {
-        assert!(std::env::var("YOLO_EDGE_REQUIRE_TESTDATA").is_err(), "{} has no manifest.json", dir.display());
-        eprintln!("SKIP: {} missing (run scripts/make_test_jpegs.py)", dir.display());
-        return;
-    };
-    let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    let Some(dir) = testdata("jpeg", "scripts/make_test_jpegs.py") else { return };
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     let files = manifest["files"].as_array().unwrap();
     let (mut exact, mut refused) = (0, 0);
     for f in files {
