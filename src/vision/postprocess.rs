@@ -94,46 +94,111 @@ pub fn candidates_from_rows(rows: &[f32], pictures: usize, anchors: usize) -> Ve
         .collect()
 }
 
-fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
-    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
-    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    let inter = iw * ih;
-    let area_a = (a[2] - a[0]) * (a[3] - a[1]);
-    let area_b = (b[2] - b[0]) * (b[3] - b[1]);
-    inter / (area_a + area_b - inter + 1e-9)
+/// The kept boxes of one class, as columns (class-offset xyxy and area), so that the overlap
+/// test of a candidate against all of them runs in SIMD lanes.
+#[derive(Default)]
+struct KeptBoxes {
+    x1: Vec<f32>,
+    y1: Vec<f32>,
+    x2: Vec<f32>,
+    y2: Vec<f32>,
+    area: Vec<f32>,
+}
+
+impl KeptBoxes {
+    fn push(&mut self, b: &[f32; 4]) {
+        self.x1.push(b[0]);
+        self.y1.push(b[1]);
+        self.x2.push(b[2]);
+        self.y2.push(b[3]);
+        self.area.push(area(b));
+    }
+
+    /// Whether any kept box overlaps `b` by more than `iou`: the reference's IoU
+    /// (`inter / (area_a + area_b - inter + 1e-9)`, the same f32 operations in the same order),
+    /// a lane group at a time.
+    fn overlaps(&self, b: &[f32; 4], iou: f32) -> bool {
+        const LANES: usize = 16;
+        let area_b = area(b);
+        let n = self.area.len();
+        let mut start = 0;
+        while start < n {
+            let end = (start + LANES).min(n);
+            let cols = self.x1[start..end]
+                .iter()
+                .zip(&self.y1[start..end])
+                .zip(&self.x2[start..end])
+                .zip(&self.y2[start..end])
+                .zip(&self.area[start..end]);
+            let mut hit = false;
+            for ((((&x1, &y1), &x2), &y2), &area_a) in cols {
+                let iw = (x2.min(b[2]) - x1.max(b[0])).max(0.0);
+                let ih = (y2.min(b[3]) - y1.max(b[1])).max(0.0);
+                let inter = iw * ih;
+                hit |= inter / (area_a + area_b - inter + 1e-9) > iou;
+            }
+            if hit {
+                return true;
+            }
+            start = end;
+        }
+        false
+    }
+}
+
+fn area(b: &[f32; 4]) -> f32 {
+    (b[2] - b[0]) * (b[3] - b[1])
 }
 
 /// Class-aware NMS over one image's candidates; returns kept candidates as xyxy boxes in
 /// network-input pixels, best first.
-pub fn nms(mut cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])> {
-    cands.retain(|c| c.score > th.conf && c.score.is_finite());
-    // stable sort by score, descending (torch.argsort(descending=True) on CPU is stable for ties in practice)
-    cands.sort_by(|a, b| b.score.total_cmp(&a.score));
-    cands.truncate(MAX_NMS);
+pub fn nms(cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])> {
+    // score order, descending, ties in candidate (anchor) order, as the reference's stable
+    // argsort: one key a candidate, the score's total order above its position
+    let mut order: Vec<u64> = cands
+        .iter()
+        .take(u32::MAX as usize)
+        .enumerate()
+        .filter(|(_, c)| c.score > th.conf && c.score.is_finite())
+        .map(|(i, c)| (u64::from(!total_order_bits(c.score)) << 32) | i as u64)
+        .collect();
+    order.sort_unstable();
+    order.truncate(MAX_NMS);
     // greedy NMS in score order: a candidate survives unless a box kept before it overlaps it by
     // more than the threshold. Boxes of different classes never suppress each other (the class
     // offset above), so each candidate is compared with the kept boxes of its own class only (at
     // most max_det), and the pass stops at max_det kept: a crowded picture, or an untrained model
     // with every anchor a candidate, has thousands of candidates but needs only the first few
     // hundred visited
-    let mut kept_of_class: HashMap<usize, Vec<[f32; 4]>> = HashMap::new();
-    let mut kept = Vec::with_capacity(th.max_det.min(cands.len()));
-    for c in &cands {
+    let mut kept_of_class: HashMap<usize, KeptBoxes> = HashMap::new();
+    let mut kept = Vec::with_capacity(th.max_det.min(order.len()));
+    for key in order {
         if kept.len() >= th.max_det {
             break;
         }
+        let c = cands[(key & u64::from(u32::MAX)) as usize];
         let [x, y, w, h] = c.xywh;
         let xyxy = [x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0];
         let o = c.class_id as f32 * MAX_WH;
         let shifted = xyxy.map(|v| v + o);
         let same = kept_of_class.entry(c.class_id).or_default();
-        if same.iter().any(|k| iou(k, &shifted) > th.iou) {
+        if same.overlaps(&shifted, th.iou) {
             continue;
         }
-        same.push(shifted);
-        kept.push((*c, xyxy));
+        same.push(&shifted);
+        kept.push((c, xyxy));
     }
     kept
+}
+
+/// `f32::total_cmp`'s order as unsigned integers: a < b in that order iff the bits compare so.
+fn total_order_bits(v: f32) -> u32 {
+    let b = v.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 1 << 31
+    }
 }
 
 /// Full post-processing of one image: NMS, then boxes mapped to original pixels and labelled.
@@ -207,6 +272,16 @@ mod tests {
         assert_eq!(nms(vec![a, c], &th).len(), 1);
     }
 
+    /// The reference's IoU of two xyxy boxes.
+    fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
+        let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+        let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+        let inter = iw * ih;
+        let area_a = (a[2] - a[0]) * (a[3] - a[1]);
+        let area_b = (b[2] - b[0]) * (b[3] - b[1]);
+        inter / (area_a + area_b - inter + 1e-9)
+    }
+
     /// The greedy pass over every candidate at once, as the reference writes it
     /// (`torchvision.ops.nms` on class-offset boxes, then the first `max_det`).
     fn nms_one_pass(mut cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])> {
@@ -248,18 +323,36 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 11) as f32 / (1u64 << 53) as f32
         };
-        for (n, classes, max_det) in [(3000, 5, 300), (2000, 80, 300), (500, 2, 7), (800, 3, 1), (100, 1, 0)] {
-            let cands: Vec<Candidate> = (0..n)
+        for (n, classes, max_det, conf) in [
+            (3000, 5, 300, 0.1),
+            (2000, 80, 300, 0.1),
+            (8400, 1, 300, 0.1),
+            (500, 2, 7, 0.1),
+            (800, 3, 1, 0.1),
+            (100, 1, 0, 0.1),
+            (2000, 3, 300, -1.0),
+        ] {
+            let mut cands: Vec<Candidate> = (0..n)
                 .map(|_| Candidate {
                     xywh: [next() * 200.0, next() * 200.0, 5.0 + next() * 40.0, 5.0 + next() * 40.0],
-                    score: (next() * 20.0).round() / 20.0,
+                    // ties, and below zero where the threshold is (-0.0 and 0.0 among them)
+                    score: (next() * 20.0).round() / 20.0 - if conf < 0.0 { 0.5 } else { 0.0 },
                     class_id: (next() * classes as f32) as usize % classes,
                 })
                 .collect();
-            let th = Thresholds { conf: 0.1, iou: 0.5, max_det };
+            // what a broken model can output: non-finite and inverted boxes, scores
+            for (i, v) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -30.0].into_iter().enumerate() {
+                cands[7 * i].xywh[i] = v;
+                cands[7 * i + 1].score = [f32::NAN, f32::INFINITY, -0.0, 0.0][i];
+            }
+            let th = Thresholds { conf, iou: 0.5, max_det };
             let (fast, slow) = (nms(cands.clone(), &th), nms_one_pass(cands, &th));
             assert_eq!(fast.is_empty(), max_det == 0);
-            assert_eq!(fast, slow, "{n} candidates, {classes} classes, max_det {max_det}");
+            // bit for bit, NaN boxes included
+            let bits = |k: &[(Candidate, [f32; 4])]| {
+                k.iter().map(|(c, b)| (c.xywh.map(f32::to_bits), c.score.to_bits(), c.class_id, b.map(f32::to_bits))).collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&fast), bits(&slow), "{n} candidates, {classes} classes, max_det {max_det}, conf {conf}");
         }
     }
 }
