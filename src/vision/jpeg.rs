@@ -7,7 +7,8 @@
 //! coefficients and the number of its scans.
 //!
 //! May use: turbojpeg-sys (libjpeg-turbo, built from its bundled source and linked statically),
-//! the standard library. The caller ([`super::preprocess`]) checks the file and its headers first.
+//! the standard library. The caller ([`super::preprocess`]) checks the file, and the size the
+//! headers give, before it decodes.
 
 use std::ffi::CStr;
 
@@ -71,40 +72,75 @@ impl Drop for Handle {
     }
 }
 
-/// Decodes `bytes` (a JPEG file whose headers the caller has checked) to packed RGB8 rows as
-/// OpenCV's `imread` does (before EXIF orientation), refusing a picture of more than `max_pixels`
-/// pixels before decoding it: (width, height, pixels). Errors are libjpeg-turbo's messages.
-pub(crate) fn decode_rgb(bytes: &[u8], max_pixels: u64) -> Result<(u32, u32, Vec<u8>), String> {
-    let mut h = Handle::new()?;
-    let clamp = |v: u64| libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
-    // a progressive picture keeps every coefficient: 2 bytes per sample, 4 samples per pixel at
-    // most; in megabytes, with room for the entropy decoder's own tables
-    h.set(tj::TJPARAM_TJPARAM_MAXMEMORY, clamp(max_pixels.saturating_mul(8) / (1 << 20) + 16))?;
-    h.set(tj::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS)?;
-    let len = tj::size_t::try_from(bytes.len()).map_err(|_| "the file is too large".to_string())?;
-    // SAFETY: `bytes` is valid for `len` bytes for the whole call and is only read.
-    h.check(unsafe { tj::tj3DecompressHeader(h.0, bytes.as_ptr(), len) })?;
-    let colorspace = h.get(tj::TJPARAM_TJPARAM_COLORSPACE);
-    let cmyk = colorspace == tj::TJCS_TJCS_CMYK as libc::c_int || colorspace == tj::TJCS_TJCS_YCCK as libc::c_int;
-    let (w, hgt) = (h.get(tj::TJPARAM_TJPARAM_JPEGWIDTH), h.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT));
-    let (Ok(width), Ok(height)) = (u32::try_from(w), u32::try_from(hgt)) else {
-        return Err(format!("a frame of {w}x{hgt}"));
-    };
-    if width == 0 || height == 0 || u64::from(width) * u64::from(height) > max_pixels {
-        return Err(format!("a frame of {width}x{height}, above the limit of {max_pixels} pixels"));
+/// A JPEG file's headers as libjpeg-turbo reads them, on the decompressor that will decode it:
+/// the frame size [`Header::size`] gives is the size [`Header::decode`] decodes, so checks made on
+/// it hold for the pixels.
+pub(crate) struct Header<'a> {
+    h: Handle,
+    bytes: &'a [u8],
+    len: tj::size_t,
+    width: u32,
+    height: u32,
+    cmyk: bool,
+    max_pixels: u64,
+}
+
+impl<'a> Header<'a> {
+    /// Reads the headers of `bytes` (up to the first scan) on a decompressor bounded for a
+    /// picture of at most `max_pixels` pixels: a progressive file's coefficient memory and its
+    /// number of scans. Errors are libjpeg-turbo's messages.
+    pub(crate) fn read(bytes: &'a [u8], max_pixels: u64) -> Result<Self, String> {
+        let mut h = Handle::new()?;
+        let clamp = |v: u64| libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
+        // a progressive picture keeps every coefficient: 2 bytes per sample, 4 samples per pixel
+        // at most; in megabytes, with room for the entropy decoder's own tables
+        h.set(tj::TJPARAM_TJPARAM_MAXMEMORY, clamp(max_pixels.saturating_mul(8) / (1 << 20) + 16))?;
+        h.set(tj::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS)?;
+        let len = tj::size_t::try_from(bytes.len()).map_err(|_| "the file is too large".to_string())?;
+        // SAFETY: `bytes` is valid for `len` bytes for the whole call and is only read.
+        h.check(unsafe { tj::tj3DecompressHeader(h.0, bytes.as_ptr(), len) })?;
+        let colorspace = h.get(tj::TJPARAM_TJPARAM_COLORSPACE);
+        let cmyk = colorspace == tj::TJCS_TJCS_CMYK as libc::c_int || colorspace == tj::TJCS_TJCS_YCCK as libc::c_int;
+        let (w, hgt) = (h.get(tj::TJPARAM_TJPARAM_JPEGWIDTH), h.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT));
+        let (Ok(width), Ok(height)) = (u32::try_from(w), u32::try_from(hgt)) else {
+            return Err(format!("a frame of {w}x{hgt}"));
+        };
+        Ok(Self { h, bytes, len, width, height, cmyk, max_pixels })
     }
-    let (format, channels) = if cmyk { (tj::TJPF_TJPF_CMYK, 4) } else { (tj::TJPF_TJPF_RGB, 3) };
-    let pitch = width as usize * channels;
-    let mut out = vec![0u8; pitch * height as usize];
-    let pitch_c = libc::c_int::try_from(pitch).map_err(|_| format!("rows of {pitch} bytes"))?;
-    // SAFETY: `out` holds `height` rows of `pitch` bytes, what a picture of the size the header
-    // gave needs in `format` (the call reads the same header again); `bytes` as above.
-    let rc = unsafe { tj::tj3Decompress8(h.0, bytes.as_ptr(), len, out.as_mut_ptr(), pitch_c, format as libc::c_int) };
-    h.check(rc)?;
-    if cmyk {
-        out = cmyk_to_rgb(&out);
+
+    /// The frame's width and height (before EXIF orientation).
+    pub(crate) fn size(&self) -> (u32, u32) {
+        (self.width, self.height)
     }
-    Ok((width, height, out))
+
+    /// The picture as packed RGB8 rows, as OpenCV's `imread` decodes it (before EXIF
+    /// orientation); a picture of more than the `max_pixels` given to [`Header::read`] is refused
+    /// before its buffer is allocated. Errors are libjpeg-turbo's messages.
+    pub(crate) fn decode(self) -> Result<Vec<u8>, String> {
+        let Self { h, bytes, len, width, height, cmyk, max_pixels } = self;
+        if width == 0 || height == 0 || u64::from(width) * u64::from(height) > max_pixels {
+            return Err(format!("a frame of {width}x{height}, above the limit of {max_pixels} pixels"));
+        }
+        let (format, channels) = if cmyk { (tj::TJPF_TJPF_CMYK, 4) } else { (tj::TJPF_TJPF_RGB, 3) };
+        let pitch = width as usize * channels;
+        let mut out = vec![0u8; pitch * height as usize];
+        let pitch_c = libc::c_int::try_from(pitch).map_err(|_| format!("rows of {pitch} bytes"))?;
+        // SAFETY: `out` holds `height` rows of `pitch` bytes, what a picture of the size the
+        // header gave needs in `format` (the call reads the same header of the same bytes again);
+        // `bytes` is valid for `len` bytes and only read.
+        let rc = unsafe { tj::tj3Decompress8(h.0, bytes.as_ptr(), len, out.as_mut_ptr(), pitch_c, format as libc::c_int) };
+        h.check(rc)?;
+        Ok(if cmyk { cmyk_to_rgb(&out) } else { out })
+    }
+}
+
+/// Decodes `bytes` to packed RGB8 rows: [`Header::read`], then [`Header::decode`]: (width,
+/// height, pixels).
+#[cfg(test)]
+fn decode_rgb(bytes: &[u8], max_pixels: u64) -> Result<(u32, u32, Vec<u8>), String> {
+    let header = Header::read(bytes, max_pixels)?;
+    let (width, height) = header.size();
+    Ok((width, height, header.decode()?))
 }
 
 /// OpenCV's CMYK to RGB (imgcodecs `icvCvt_CMYK2BGR_8u_C4C3R`), on libjpeg-turbo's CMYK samples

@@ -60,9 +60,10 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
     let reader = open(bytes, limits)?;
     let format = reader.format().ok_or(ImageError::UnknownFormat)?;
     if format == image::ImageFormat::Jpeg {
-        let (_, _, orientation) = checked_jpeg_headers(bytes, limits)?;
+        let (header, orientation) = checked_jpeg_headers(bytes, limits)?;
         let corrupt = |reason| ImageError::Corrupt { format: "JPEG".into(), reason };
-        let (width, height, rgb) = jpeg::decode_rgb(bytes, limits.max_pixels).map_err(corrupt)?;
+        let (width, height) = header.size();
+        let rgb = header.decode().map_err(corrupt)?;
         let img = RgbImage::from_raw(width, height, rgb).ok_or_else(|| corrupt("the decoder gave a short picture".into()))?;
         let mut img = image::DynamicImage::ImageRgb8(img);
         img.apply_orientation(orientation);
@@ -86,34 +87,39 @@ pub fn decode_image(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, Ima
 /// (before EXIF orientation) and the EXIF orientation. For decoders that take the file elsewhere
 /// (nvJPEG) and ignore EXIF.
 ///
-/// The headers are read by zune-jpeg (the `image` crate's JPEG decoder) with the options `image`
-/// gives it, straight from `bytes` (through `image`, it would first copy the whole file and read
-/// its headers twice, three times the cost of the check); [`decode_image`] runs this check before
-/// libjpeg-turbo decodes the pixels.
+/// The size is libjpeg-turbo's reading of the headers, the decoder [`decode_image`] runs (nvJPEG's
+/// own reading is compared with it before nvJPEG decodes); the EXIF orientation is zune-jpeg's
+/// (the `image` crate's JPEG decoder), read straight from `bytes` with the options `image` gives
+/// it. [`decode_image`] runs this check before libjpeg-turbo decodes the pixels, on the same
+/// reading of the headers.
 pub fn check_jpeg_header(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u32, Orientation), ImageError> {
     let reader = open(bytes, limits)?;
     if reader.format() != Some(image::ImageFormat::Jpeg) {
         return Err(ImageError::NotJpeg);
     }
-    checked_jpeg_headers(bytes, limits)
+    let (header, orientation) = checked_jpeg_headers(bytes, limits)?;
+    let (width, height) = header.size();
+    Ok((width, height, orientation))
 }
 
-/// [`check_jpeg_header`] after the size and format checks.
-fn checked_jpeg_headers(bytes: &[u8], limits: &DecodeLimits) -> Result<(u32, u32, Orientation), ImageError> {
+/// [`check_jpeg_header`] after the size and format checks: libjpeg-turbo's reading of the
+/// headers, ready to decode, and the EXIF orientation.
+fn checked_jpeg_headers<'a>(bytes: &'a [u8], limits: &DecodeLimits) -> Result<(jpeg::Header<'a>, Orientation), ImageError> {
     check_jpeg_complete(bytes)?;
     let corrupt = |reason: String| ImageError::Corrupt { format: "JPEG".into(), reason };
+    // zune-jpeg for the EXIF orientation (TurboJPEG does not return the APP1 segment); a file
+    // whose headers it cannot read is refused
     let options = zune_core::options::DecoderOptions::default().set_strict_mode(false).set_max_width(usize::MAX).set_max_height(usize::MAX);
     let mut decoder = zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(bytes), options);
     decoder.decode_headers().map_err(|e| corrupt(e.to_string()))?;
-    let (w, h) = decoder.dimensions().ok_or_else(|| corrupt("no frame header".into()))?;
-    // a JPEG frame's sides are 16-bit
-    let (Ok(width), Ok(height)) = (u32::try_from(w), u32::try_from(h)) else {
-        return Err(corrupt(format!("a frame of {w}x{h}")));
-    };
+    let orientation = decoder.exif().and_then(|exif| Orientation::from_exif_chunk(exif)).unwrap_or(Orientation::NoTransforms);
+    // the size from the decoder that decodes the pixels: the two parsers skip a malformed
+    // marker differently, and a file can hold a frame header for each
+    let header = jpeg::Header::read(bytes, limits.max_pixels).map_err(corrupt)?;
+    let (width, height) = header.size();
     check_dimensions(width, height, limits)?;
     check_jpeg_scan_size(bytes, width, height)?;
-    let orientation = decoder.exif().and_then(|exif| Orientation::from_exif_chunk(exif)).unwrap_or(Orientation::NoTransforms);
-    Ok((width, height, orientation))
+    Ok((header, orientation))
 }
 
 /// A picture's stored size against `limits` (and not empty).
@@ -760,6 +766,48 @@ mod tests {
         out.extend_from_slice(&payload);
         out.extend_from_slice(&jpeg[2..]);
         out
+    }
+
+    /// The segment of `jpeg` that starts with marker `0xFF marker`, marker and length included.
+    fn segment(jpeg: &[u8], marker: u8) -> &[u8] {
+        let at = (2..jpeg.len() - 1).find(|&i| jpeg[i] == 0xFF && jpeg[i + 1] == marker).unwrap();
+        let len = u16::from_be_bytes([jpeg[at + 2], jpeg[at + 3]]) as usize;
+        &jpeg[at..at + 2 + len]
+    }
+
+    #[test]
+    fn the_jpeg_header_check_reads_the_size_that_decode_image_decodes() {
+        // found by the `picture` fuzz target under AddressSanitizer (kept in
+        // fuzz/regressions/picture/): after a TEM marker (0xFF01, which has no length), zune-jpeg
+        // reads two bytes as a length and skips that far, libjpeg-turbo skips to the next marker;
+        // a file with a frame header where each lands gave the check one size and the decoder
+        // another, and the device path's fallback a picture of the wrong shape for its batch.
+        // Here: a 24x19 picture whose first frame header libjpeg-turbo reads, and inside a
+        // comment a 24x17 one, where zune-jpeg's skip lands
+        let tall = encoded(24, 19, 90);
+        let short = encoded(24, 17, 90);
+        let (sof_tall, sof_short) = (segment(&tall, 0xC0), segment(&short, 0xC0));
+        let mut file = vec![0xFF, 0xD8, 0xFF, 0x01];
+        let skip = 2 + sof_tall.len() + 4;
+        file.extend_from_slice(&(skip as u16).to_be_bytes());
+        file.extend_from_slice(sof_tall);
+        file.extend_from_slice(&[0xFF, 0xFE]);
+        file.extend_from_slice(&(2 + sof_short.len() as u16).to_be_bytes());
+        file.extend_from_slice(sof_short);
+        // the rest of the 24x19 file without its frame header: tables, scan, end of image
+        let at = tall.windows(sof_tall.len()).position(|w| w == sof_tall).unwrap();
+        file.extend_from_slice(&tall[2..at]);
+        file.extend_from_slice(&tall[at + sof_tall.len()..]);
+        let mut zune = zune_jpeg::JpegDecoder::new(zune_core::bytestream::ZCursor::new(&file[..]));
+        zune.decode_headers().unwrap();
+        assert_eq!(zune.dimensions(), Some((24, 17)), "zune-jpeg reads the other frame header");
+        let limits = DecodeLimits::default();
+        let (w, h, _) = check_jpeg_header(&file, &limits).unwrap();
+        assert_eq!((w, h), (24, 19));
+        assert_eq!(decode_image(&file, &limits).unwrap().dimensions(), (24, 19));
+        let found = include_bytes!("../../fuzz/regressions/picture/tem-marker-two-frame-headers.jpg");
+        let (w, h, _) = check_jpeg_header(found, &limits).unwrap();
+        assert_eq!(decode_image(found, &limits).unwrap().dimensions(), (w, h));
     }
 
     #[test]
