@@ -9,6 +9,13 @@
 #                                                each target SECONDS of wall time with JOBS (1)
 #                                                libFuzzer fork workers, one target after the other;
 #                                                corpus, crashes, log and summary.md under OUT
+#   scripts/fuzz.sh build-asan-c                 the same targets with the C code they link
+#                                                (libjpeg-turbo; ring, aws-lc) compiled by clang with
+#                                                AddressSanitizer and libFuzzer's coverage, into
+#                                                fuzz/target/asan-c/; run them with
+#                                                FUZZ_BIN_DIR=fuzz/target/asan-c/x86_64-unknown-linux-gnu/release
+#                                                (needs clang and its compiler-rt: Debian clang-19
+#                                                libclang-rt-19-dev; ASAN_CC=clang-19)
 #   scripts/fuzz.sh targets                      the target names
 #
 # The build: cargo-fuzz on the stable toolchain, `--sanitizer none` (AddressSanitizer needs
@@ -42,6 +49,23 @@ build() {
   command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: cargo install --locked cargo-fuzz" >&2; exit 2; }
   # -a: debug assertions (overflow checks) on, as cargo-fuzz recommends
   (cd fuzz && cargo fuzz build --sanitizer none -a)
+}
+
+# AddressSanitizer for the C code only (stable Rust cannot instrument its own code): the C
+# libraries' builds (cmake and cc take CC and CFLAGS) are compiled by clang with ASan and with
+# the coverage libFuzzer reads (`fuzzer-no-link`), so the fuzzer is guided through the decoder's
+# branches as through the Rust code's; clang links ASan's runtime into each binary. A memory
+# error in C code then stops the run with ASan's report, as a crash.
+build_asan_c() {
+  command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: cargo install --locked cargo-fuzz" >&2; exit 2; }
+  local cc=${ASAN_CC:-clang}
+  if ! echo 'int main(void) { return 0; }' | "$cc" -x c -fsanitize=address,fuzzer-no-link -o /dev/null - 2>/dev/null; then
+    echo "$cc cannot build with AddressSanitizer (Debian: apt-get install clang-19 libclang-rt-19-dev; ASAN_CC=clang-19)" >&2
+    exit 2
+  fi
+  (cd fuzz && CC="$cc" CFLAGS="-fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" \
+    RUSTFLAGS="-C linker=$cc -C link-arg=-fsanitize=address" CARGO_TARGET_DIR=target/asan-c \
+    cargo fuzz build --sanitizer none -a)
 }
 
 bin() {
@@ -135,6 +159,7 @@ long() {
 
 case "${1:-}" in
   build) build ;;
+  build-asan-c) build_asan_c ;;
   smoke) smoke "${2:-25}" ;;
   long)
     [[ $# -ge 3 ]] || { echo "usage: $0 long OUT SECONDS [JOBS] [TARGET...]" >&2; exit 2; }
@@ -143,7 +168,7 @@ case "${1:-}" in
     ;;
   targets) printf '%s\n' "${TARGETS[@]}" ;;
   *)
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
     ;;
 esac
