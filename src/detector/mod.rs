@@ -733,28 +733,27 @@ impl Detector {
                     Err(why) => why,
                 };
                 tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
-                // the slot's shape is the one the feed's header check gave; a picture that decodes
-                // to another is this picture's error, not the batch's
-                let (slot, decoded) = ((j.geometry.in_w, j.geometry.in_h), j.on_host(self.imgsz as u32, limits));
-                match decoded.and_then(|lb| {
-                    if (lb.geometry.in_w, lb.geometry.in_h) == slot {
-                        Ok(lb)
-                    } else {
-                        let (w, h) = (lb.geometry.orig_w, lb.geometry.orig_h);
-                        let (cw, ch) = (j.geometry.orig_w, j.geometry.orig_h);
-                        Err(ImageError::Corrupt {
-                            format: "JPEG".into(),
-                            reason: format!("decoded as {w}x{h}, its header checked as {cw}x{ch}"),
-                        })
-                    }
-                }) {
-                    Ok(lb) => {
+                let g = j.geometry;
+                match j.on_host(self.imgsz as u32, limits) {
+                    Ok(lb) if (lb.geometry.in_w, lb.geometry.in_h) == (g.in_w, g.in_h) => {
                         gpu.write_slot(&x, k, &lb)?;
                         geometries.push(lb.geometry);
                     }
-                    Err(e) => {
+                    // the slot's shape is the one the feed's header check gave: a picture that
+                    // decodes to another is this picture's error, not the batch's
+                    decoded => {
+                        let e = decoded.map_or_else(
+                            |e| e,
+                            |lb| ImageError::Corrupt {
+                                format: "JPEG".into(),
+                                reason: format!(
+                                    "decoded as {}x{}, its header read as {}x{}",
+                                    lb.geometry.orig_w, lb.geometry.orig_h, g.orig_w, g.orig_h
+                                ),
+                            },
+                        );
                         out[j.at] = Some(Err(e));
-                        geometries.push(*j.geometry);
+                        geometries.push(*g);
                     }
                 }
             }

@@ -1,14 +1,14 @@
 //! JPEG pixels as the reference gets them: libjpeg-turbo, the decoder OpenCV's `imread` runs
 //! under ultralytics, through its TurboJPEG API at its defaults (the accurate integer IDCT,
 //! smooth chroma upsampling, its fixed-point YCbCr to RGB; CMYK and YCCK files to CMYK, then
-//! OpenCV's own CMYK to RGB), so that a photo's pixels are the reference's byte for byte. Bounds
-//! hold before a pixel is decoded: the picture's pixel count as libjpeg-turbo reads the header
-//! (before the output is allocated), and on the decoder the memory of a progressive file's
-//! coefficients and the number of its scans.
+//! OpenCV's own CMYK to RGB), so that a photo's pixels are the reference's byte for byte. The
+//! headers are read first, on the decompressor that decodes, so that the caller
+//! ([`super::preprocess`]) checks the size (against its pixel and side limits, before the output
+//! is allocated) that is then decoded; the decompressor itself bounds the memory of a
+//! progressive file's coefficients and the number of its scans.
 //!
 //! May use: turbojpeg-sys (libjpeg-turbo, built from its bundled source and linked statically),
-//! the standard library. The caller ([`super::preprocess`]) checks the file, and the size the
-//! headers give, before it decodes.
+//! the standard library.
 
 use std::ffi::CStr;
 
@@ -73,8 +73,8 @@ impl Drop for Handle {
 }
 
 /// A JPEG file's headers as libjpeg-turbo reads them, on the decompressor that will decode it:
-/// the frame size [`Header::size`] gives is the size [`Header::decode`] decodes, so checks made on
-/// it hold for the pixels.
+/// the frame size [`Header::size`] gives is the size [`Header::decode`] decodes, so the caller's
+/// checks of it hold for the pixels.
 pub(crate) struct Header<'a> {
     h: Handle,
     bytes: &'a [u8],
@@ -82,7 +82,6 @@ pub(crate) struct Header<'a> {
     width: u32,
     height: u32,
     cmyk: bool,
-    max_pixels: u64,
 }
 
 impl<'a> Header<'a> {
@@ -105,7 +104,7 @@ impl<'a> Header<'a> {
         let (Ok(width), Ok(height)) = (u32::try_from(w), u32::try_from(hgt)) else {
             return Err(format!("a frame of {w}x{hgt}"));
         };
-        Ok(Self { h, bytes, len, width, height, cmyk, max_pixels })
+        Ok(Self { h, bytes, len, width, height, cmyk })
     }
 
     /// The frame's width and height (before EXIF orientation).
@@ -114,13 +113,10 @@ impl<'a> Header<'a> {
     }
 
     /// The picture as packed RGB8 rows, as OpenCV's `imread` decodes it (before EXIF
-    /// orientation); a picture of more than the `max_pixels` given to [`Header::read`] is refused
-    /// before its buffer is allocated. Errors are libjpeg-turbo's messages.
+    /// orientation), in a buffer of [`Header::size`]: the caller has checked that size. Errors are
+    /// libjpeg-turbo's messages.
     pub(crate) fn decode(self) -> Result<Vec<u8>, String> {
-        let Self { h, bytes, len, width, height, cmyk, max_pixels } = self;
-        if width == 0 || height == 0 || u64::from(width) * u64::from(height) > max_pixels {
-            return Err(format!("a frame of {width}x{height}, above the limit of {max_pixels} pixels"));
-        }
+        let Self { h, bytes, len, width, height, cmyk } = self;
         let (format, channels) = if cmyk { (tj::TJPF_TJPF_CMYK, 4) } else { (tj::TJPF_TJPF_RGB, 3) };
         let pitch = width as usize * channels;
         let mut out = vec![0u8; pitch * height as usize];
@@ -169,12 +165,6 @@ mod tests {
         assert_eq!((w, h, rgb.len()), (37, 21, 37 * 21 * 3));
         // the gradient survives the round trip: the right column is redder than the left
         assert!(rgb[36 * 3] > rgb[0] + 150, "{} {}", rgb[36 * 3], rgb[0]);
-    }
-
-    #[test]
-    fn a_picture_over_the_pixel_limit_is_refused_before_decoding() {
-        let e = decode_rgb(&jpeg(), 37 * 21 - 1).unwrap_err();
-        assert!(e.contains("above the limit of 776 pixels"), "{e}");
     }
 
     #[test]

@@ -739,6 +739,10 @@ mod tests {
         assert!(cut.contains("truncated"), "{cut}");
         let small = DecodeLimits { max_side: 32, ..DecodeLimits::default() };
         assert!(matches!(check_jpeg_header(&ok, &small), Err(ImageError::Dimensions { width: 64, height: 48, .. })));
+        let few = DecodeLimits { max_pixels: 64 * 48 - 1, ..DecodeLimits::default() };
+        assert!(matches!(check_jpeg_header(&ok, &few), Err(ImageError::Dimensions { width: 64, height: 48, .. })));
+        assert!(matches!(decode_image(&ok, &few), Err(ImageError::Dimensions { width: 64, height: 48, .. })));
+        assert!(decode_image(&ok, &DecodeLimits { max_pixels: 64 * 48, ..DecodeLimits::default() }).is_ok());
         let mut png = Vec::new();
         RgbImage::new(4, 4).write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
         assert!(matches!(check_jpeg_header(&png, &DecodeLimits::default()), Err(ImageError::NotJpeg)));
@@ -768,11 +772,10 @@ mod tests {
         out
     }
 
-    /// The segment of `jpeg` that starts with marker `0xFF marker`, marker and length included.
-    fn segment(jpeg: &[u8], marker: u8) -> &[u8] {
-        let at = (2..jpeg.len() - 1).find(|&i| jpeg[i] == 0xFF && jpeg[i + 1] == marker).unwrap();
-        let len = u16::from_be_bytes([jpeg[at + 2], jpeg[at + 3]]) as usize;
-        &jpeg[at..at + 2 + len]
+    /// Where the first segment of `jpeg` with marker `0xFF marker` lies, marker and length included.
+    fn segment(jpeg: &[u8], marker: u8) -> std::ops::Range<usize> {
+        let at = jpeg.windows(2).position(|m| m == [0xFF, marker]).unwrap();
+        at..at + 2 + u16::from_be_bytes([jpeg[at + 2], jpeg[at + 3]]) as usize
     }
 
     #[test]
@@ -786,7 +789,8 @@ mod tests {
         // comment a 24x17 one, where zune-jpeg's skip lands
         let tall = encoded(24, 19, 90);
         let short = encoded(24, 17, 90);
-        let (sof_tall, sof_short) = (segment(&tall, 0xC0), segment(&short, 0xC0));
+        let (at, sof_short) = (segment(&tall, 0xC0), &short[segment(&short, 0xC0)]);
+        let sof_tall = &tall[at.clone()];
         let mut file = vec![0xFF, 0xD8, 0xFF, 0x01];
         let skip = 2 + sof_tall.len() + 4;
         file.extend_from_slice(&(skip as u16).to_be_bytes());
@@ -795,9 +799,8 @@ mod tests {
         file.extend_from_slice(&(2 + sof_short.len() as u16).to_be_bytes());
         file.extend_from_slice(sof_short);
         // the rest of the 24x19 file without its frame header: tables, scan, end of image
-        let at = tall.windows(sof_tall.len()).position(|w| w == sof_tall).unwrap();
-        file.extend_from_slice(&tall[2..at]);
-        file.extend_from_slice(&tall[at + sof_tall.len()..]);
+        file.extend_from_slice(&tall[2..at.start]);
+        file.extend_from_slice(&tall[at.end..]);
         let mut zune = zune_jpeg::JpegDecoder::new(zune_core::bytestream::ZCursor::new(&file[..]));
         zune.decode_headers().unwrap();
         assert_eq!(zune.dimensions(), Some((24, 17)), "zune-jpeg reads the other frame header");
