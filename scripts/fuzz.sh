@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the inputs that come from outside (fuzz/, docs/security.md "Fuzzing").
 #
-#   scripts/fuzz.sh build                        build the five targets (fuzz/target/.../release/)
+#   scripts/fuzz.sh build                        build the six targets (fuzz/target/.../release/)
 #   scripts/fuzz.sh smoke [SECONDS]              replays fuzz/regressions/<target>/, then each target
 #                                                SECONDS (25) from its seeds; fails on any crash,
 #                                                leak, timeout or out-of-memory (CI)
@@ -31,7 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(pickle_pt safetensors picture config mqtt_image)
+TARGETS=(pickle_pt safetensors picture config mqtt_image model)
 BIN_DIR=${FUZZ_BIN_DIR:-fuzz/target/x86_64-unknown-linux-gnu/release}
 SEEDS=${FUZZ_SEEDS:-fuzz/seeds}
 # libFuzzer options of every run: an input over 10 s or 2 GiB (a single allocation over 2 GiB
@@ -41,6 +41,7 @@ COMMON=(-rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=10 -print_final_stats=
 max_len() {
   case "$1" in
     pickle_pt | picture) echo 16384 ;;
+    model) echo 128 ;;
     *) echo 8192 ;;
   esac
 }

@@ -51,11 +51,13 @@ struct Calib {
     sink: super::CalibSink,
 }
 
-/// Reads a conv weight `[c2, c1/g, k, k]` and infers the group count from its shape.
+/// Reads a conv weight `[c2, c1/g, k, k]` and infers the group count from its shape. A group
+/// count must divide both channel counts (as in `nn.Conv2d`); a weight that fits no such count is
+/// checked against the ungrouped shape, and refused.
 fn conv_weight(vb: &Vb, name: &str, c1: usize, c2: usize, k: usize) -> Result<(Tensor, usize), ModelError> {
     let shape = vb.shape_of(name).unwrap_or_default();
     let groups = match shape.as_slice() {
-        [o, i, kh, kw] if *o == c2 && *kh == k && *kw == k && *i > 0 && c1.is_multiple_of(*i) => c1 / *i,
+        [o, i, kh, kw] if *o == c2 && *kh == k && *kw == k && *i > 0 && c1.is_multiple_of(*i) && c2.is_multiple_of(c1 / *i) => c1 / *i,
         _ => 1,
     };
     let w = vb.get(name, &[c2, c1 / groups, k, k])?;

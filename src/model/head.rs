@@ -80,19 +80,20 @@ pub struct Detect {
 
 impl Detect {
     pub fn load(vb: &Vb, ch: &[usize]) -> Result<Self, ModelError> {
-        let c2 = vb.shape_of("cv2.0.0.conv.weight").map(|s| s[0]).unwrap_or(0);
-        let reg4 = vb.shape_of("cv2.0.2.weight").map(|s| s[0]).unwrap_or(0);
+        // a tensor's first dimension, its output channels (0: missing, or a scalar)
+        let outputs = |name: &str| vb.shape_of(name).and_then(|s| s.first().copied()).unwrap_or(0);
+        let c2 = outputs("cv2.0.0.conv.weight");
+        let reg4 = outputs("cv2.0.2.weight");
         let style = if vb.contains("cv3.0.0.0.conv.weight") { HeadStyle::Depthwise } else { HeadStyle::Classic };
-        let nc = vb.shape_of("cv3.0.2.weight").map(|s| s[0]).unwrap_or(0);
+        let nc = outputs("cv3.0.2.weight");
         let c3 = match style {
-            HeadStyle::Classic => vb.shape_of("cv3.0.0.conv.weight"),
-            HeadStyle::Depthwise => vb.shape_of("cv3.0.0.1.conv.weight"),
-        }
-        .map(|s| s[0])
-        .unwrap_or(0);
+            HeadStyle::Classic => outputs("cv3.0.0.conv.weight"),
+            HeadStyle::Depthwise => outputs("cv3.0.0.1.conv.weight"),
+        };
         if c2 == 0 || reg4 == 0 || !reg4.is_multiple_of(4) || nc == 0 || c3 == 0 {
             return Err(ModelError::Architecture(format!(
-                "detection head `{}` is incomplete (cv2/cv3 tensors missing or malformed)",
+                "{}: detection head `{}` is incomplete (cv2/cv3 tensors missing or malformed)",
+                vb.path().display(),
                 vb.name("")
             )));
         }

@@ -80,6 +80,10 @@ impl Vb {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The checkpoint file, for errors.
+    pub fn path(&self) -> &std::path::Path {
+        self.tensors.path()
+    }
     /// The activation layout the model runs in.
     pub fn lay(&self) -> layout::Lay {
         self.lay

@@ -114,6 +114,47 @@ fn missing_extra_and_misshaped_tensors_are_named() {
     assert!(e.contains("unknown architecture"), "{e}");
 }
 
+/// Shapes a damaged or foreign file may carry that pass the loader's first reading but fit no
+/// layer: a scalar where the head reads a channel count (it panicked), and weights that look
+/// grouped with a group count that does not divide the output channels (they loaded, and candle
+/// ran them as a narrower convolution, so every picture failed later). Both are refused at load,
+/// naming the file and tensor; a real grouped weight still loads and runs. Found by the `model`
+/// fuzz target (inputs in `fuzz/regressions/model/`).
+#[test]
+fn shapes_that_fit_no_layer_are_refused_at_load() {
+    let path = fixture("yolov9t-ball.pt");
+    let base = Checkpoint::load(&path).unwrap().tensors;
+    let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
+
+    let mut t = base.clone();
+    t.insert("model.22.cv2.0.0.conv.weight".into(), zeros(&[]));
+    let e = load_err(t.clone());
+    assert!(e.contains("model.22"), "{e}");
+    let dir = tmpdir();
+    let p = dir.path().join("scalar-head.safetensors");
+    write_safetensors(&p, &t);
+    let out = crate::runner::yolo_edge().args(["info"]).arg(&p).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(!stderr.contains("panicked") && stderr.contains("scalar-head.safetensors"), "{stderr}");
+
+    // 16 inputs in groups of 3 and 224 in groups of 2: no group count divides 16 or 96 outputs
+    for (name, shape) in [("model.0.conv.weight", [16, 1, 3, 3]), ("model.12.cv1.conv.weight", [96, 2, 1, 1])] {
+        let mut t = base.clone();
+        t.insert(name.into(), zeros(&shape));
+        let e = load_err(t);
+        assert!(e.contains(name) && e.contains("shape"), "{name}: {e}");
+    }
+
+    // 16 groups of one input and two outputs each: a grouped convolution nn.Conv2d can hold
+    let mut ck = Checkpoint::load(&path).unwrap();
+    ck.tensors.insert("model.1.conv.weight".into(), zeros(&[32, 1, 3, 3]));
+    let m = YoloV9::from_checkpoint(&ck, &BuildOptions::new(Device::Cpu, DType::F32)).unwrap();
+    let raw = m.forward(&zeros(&[1, 3, 64, 64])).unwrap();
+    // 64x64 at strides 8, 16 and 32: 64 + 16 + 4 anchors; one class
+    assert_eq!(raw.dims(), &[1, 5, 84]);
+}
+
 #[test]
 fn damaged_files_give_errors_not_panics() {
     let dir = tmpdir();
