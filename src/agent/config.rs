@@ -582,16 +582,17 @@ impl<'de> Deserialize<'de> for PositiveF64 {
     }
 }
 
-/// A positive multiple of 32.
+/// A positive multiple of 32, at most [`crate::detector::MAX_IMGSZ`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Imgsz(usize);
 impl<'de> Deserialize<'de> for Imgsz {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = i64::deserialize(d)?;
-        if v <= 0 || v % 32 != 0 || v > 8192 {
-            return Err(serde::de::Error::custom(format!("{v} is not a positive multiple of 32 (<= 8192)")));
+        let max = crate::detector::MAX_IMGSZ;
+        match usize::try_from(v).ok().and_then(|v| crate::detector::check_imgsz(v).ok()) {
+            Some(v) => Ok(Self(v)),
+            None => Err(serde::de::Error::custom(format!("{v} is not a positive multiple of 32 (<= {max})"))),
         }
-        Ok(Self(v as usize))
     }
 }
 

@@ -49,7 +49,7 @@ pub struct BenchArgs {
     /// Images for the end-to-end mode (files or folders; reused cyclically to fill a batch).
     #[arg(long, value_delimiter = ',')]
     images: Vec<PathBuf>,
-    #[arg(long, default_value_t = 640)]
+    #[arg(long, default_value_t = 640, value_parser = super::common::parse_imgsz)]
     imgsz: usize,
     /// Model-mode input as WxH (multiples of 32, at most imgsz a side), e.g. 640x384 for the rect
     /// letterbox of a 16:9 frame; default imgsz x imgsz.
@@ -410,7 +410,6 @@ fn bench_batch(
 
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     a.tuning.install()?;
-    anyhow::ensure!(a.imgsz > 0 && a.imgsz.is_multiple_of(32), "--imgsz must be a positive multiple of 32");
     if let Some((w, h)) = a.input {
         anyhow::ensure!(w.max(h) <= a.imgsz, "--input {w}x{h} is larger than --imgsz {}", a.imgsz);
     }

@@ -30,12 +30,19 @@ pub fn load_detector(spec: &str, dev: &Device, dtype: DType, imgsz: usize, seed:
     }
 }
 
-/// A network input shape as `WxH` (e.g. `640x384`), each side a positive multiple of 32.
+/// `--imgsz`: a positive multiple of 32, at most [`yolo_edge::detector::MAX_IMGSZ`].
+pub fn parse_imgsz(s: &str) -> Result<usize, String> {
+    yolo_edge::detector::check_imgsz(s.parse().map_err(|e| format!("{s}: {e}"))?)
+}
+
+/// A network input shape as `WxH` (e.g. `640x384`), each side a positive multiple of 32, at most
+/// [`yolo_edge::detector::MAX_IMGSZ`].
 pub fn parse_input_shape(s: &str) -> Result<(usize, usize), String> {
     let (w, h) = s.split_once('x').ok_or("expected WxH")?;
     let (w, h): (usize, usize) = (w.parse().map_err(|e| format!("{w}: {e}"))?, h.parse().map_err(|e| format!("{h}: {e}"))?);
-    if w == 0 || h == 0 || w % 32 != 0 || h % 32 != 0 {
-        return Err(format!("{s}: sides must be positive multiples of 32"));
+    let max = yolo_edge::detector::MAX_IMGSZ;
+    if w == 0 || h == 0 || w % 32 != 0 || h % 32 != 0 || w > max || h > max {
+        return Err(format!("{s}: sides must be positive multiples of 32 up to {max}"));
     }
     Ok((w, h))
 }

@@ -25,7 +25,7 @@ pub struct DemoArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Network input size (multiple of 32); the default model was trained at 416.
-    #[arg(long, default_value_t = demo::DEFAULT_IMGSZ)]
+    #[arg(long, default_value_t = demo::DEFAULT_IMGSZ, value_parser = super::common::parse_imgsz)]
     imgsz: usize,
     /// Write each picture with its detections drawn into this folder.
     #[arg(long, value_name = "DIR")]

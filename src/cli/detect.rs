@@ -30,7 +30,7 @@ pub struct DetectArgs {
     #[arg(long, default_value = "auto")]
     dtype: String,
     /// Network input size (multiple of 32).
-    #[arg(long, default_value_t = 640)]
+    #[arg(long, default_value_t = 640, value_parser = super::common::parse_imgsz)]
     imgsz: usize,
     #[arg(long, default_value_t = 0.25)]
     conf: f32,
@@ -67,7 +67,6 @@ pub struct DetectArgs {
 pub fn run(a: DetectArgs) -> anyhow::Result<ExitCode> {
     a.tuning.install()?;
     anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
-    anyhow::ensure!(a.imgsz > 0 && a.imgsz.is_multiple_of(32), "--imgsz must be a positive multiple of 32, got {}", a.imgsz);
     anyhow::ensure!((0.0..=1.0).contains(&a.conf) && (0.0..=1.0).contains(&a.iou), "--conf and --iou must be within 0..1");
     let dev = device::parse_device(&a.device)?;
     let dtype = device::parse_dtype(&a.dtype, &dev)?;

@@ -27,7 +27,7 @@ pub struct EvalArgs {
     #[arg(long, default_value = "test")]
     split: String,
     /// Network input size (multiple of 32; default: the size the model was trained at).
-    #[arg(long)]
+    #[arg(long, value_parser = super::common::parse_imgsz)]
     imgsz: Option<usize>,
     #[arg(long, default_value_t = 0.001)]
     conf: f32,
@@ -54,9 +54,6 @@ pub struct EvalArgs {
 pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
     a.tuning.install()?;
     anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
-    if let Some(s) = a.imgsz {
-        anyhow::ensure!(s > 0 && s % 32 == 0, "--imgsz must be a positive multiple of 32, got {s}");
-    }
     anyhow::ensure!((0.0..=1.0).contains(&a.conf) && (0.0..=1.0).contains(&a.iou), "--conf and --iou must be within 0..1");
     let ds = Dataset::open(&a.data, &a.split).with_context(|| format!("opening dataset {}", a.data.display()))?;
     let dev = device::parse_device(&a.device)?;

@@ -35,7 +35,7 @@ fn parse_crop(s: &str) -> Result<[u32; 4], String> {
 
 pub fn run(a: LetterboxArgs) -> anyhow::Result<ExitCode> {
     let (image, imgsz, out) = (a.image.as_path(), a.imgsz, a.out.as_path());
-    anyhow::ensure!(imgsz > 0 && imgsz % 32 == 0, "--imgsz must be a positive multiple of 32");
+    yolo_edge::detector::check_imgsz(imgsz as usize).map_err(|e| anyhow::anyhow!("--imgsz: {e}"))?;
     let mut img = preprocess::load_image(image, &preprocess::DecodeLimits::default()).with_context(|| format!("{}", image.display()))?;
     if let Some([x, y, w, h]) = a.crop {
         anyhow::ensure!(

@@ -21,7 +21,7 @@ pub struct PlanArgs {
     device: String,
     #[arg(long, default_value = "auto")]
     dtype: String,
-    #[arg(long, default_value_t = 640)]
+    #[arg(long, default_value_t = 640, value_parser = super::common::parse_imgsz)]
     imgsz: usize,
     /// Cap below the device's free memory, e.g. 8GiB.
     #[arg(long)]
@@ -229,7 +229,6 @@ fn soak(
 
 pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     a.tuning.install()?;
-    anyhow::ensure!(a.imgsz > 0 && a.imgsz.is_multiple_of(32), "--imgsz must be a positive multiple of 32");
     let cfg = PlannerConfig {
         memory_limit: a.memory_limit.map(|b| b.0),
         memory_fraction: a.memory_fraction,

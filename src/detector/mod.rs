@@ -86,6 +86,18 @@ impl Encoded<'_> {
     }
 }
 
+/// The largest network input side taken, from the command line, the config or a checkpoint's
+/// stored training size: 8192 (one f32 picture of 768 MiB; ultralytics trains at 640 or 1280).
+pub const MAX_IMGSZ: usize = 8192;
+
+/// `imgsz` as the detector takes it: a positive multiple of 32, at most [`MAX_IMGSZ`].
+pub fn check_imgsz(imgsz: usize) -> Result<usize, String> {
+    if imgsz == 0 || !imgsz.is_multiple_of(32) || imgsz > MAX_IMGSZ {
+        return Err(format!("imgsz {imgsz} is not a positive multiple of 32 up to {MAX_IMGSZ}"));
+    }
+    Ok(imgsz)
+}
+
 /// After a capture or launch runs out of memory, passes run eagerly for this long before a
 /// graph is tried again (memory pressure from other tenants is usually temporary).
 #[cfg(feature = "cuda")]
@@ -189,14 +201,16 @@ pub struct Detector {
 }
 
 impl Detector {
-    /// Loads a checkpoint (`.pt` or `.safetensors`) onto `device` in `dtype`.
+    /// Loads a checkpoint (`.pt` or `.safetensors`) onto `device` in `dtype`, for pictures of
+    /// `imgsz` (`None`: the training size the checkpoint stores, else 640).
     pub fn load(path: &Path, device: &Device, dtype: DType, imgsz: Option<usize>) -> Result<Self, ModelError> {
         let ck = Checkpoint::load(path)?;
         let model = YoloV9::from_checkpoint(&ck, &BuildOptions::new(device.clone(), dtype))?;
-        let imgsz = imgsz.unwrap_or(model.info().imgsz);
-        if imgsz == 0 || !imgsz.is_multiple_of(32) {
-            return Err(ModelError::Architecture(format!("imgsz {imgsz} is not a positive multiple of 32")));
-        }
+        let imgsz = match imgsz {
+            Some(s) => check_imgsz(s).map_err(ModelError::Architecture)?,
+            None => check_imgsz(model.info().imgsz)
+                .map_err(|e| ModelError::Architecture(format!("{}: the stored training size: {e}", path.display())))?,
+        };
         Ok(Self::from_model(model, imgsz))
     }
 
@@ -782,6 +796,16 @@ impl Detector {
 #[cfg(test)]
 mod tests {
     use super::graph_rung;
+
+    #[test]
+    fn imgsz_is_a_positive_multiple_of_32_up_to_the_bound() {
+        for ok in [32, 640, 1280, super::MAX_IMGSZ] {
+            assert_eq!(super::check_imgsz(ok), Ok(ok));
+        }
+        for bad in [0, 16, 650, super::MAX_IMGSZ + 32, 1 << 40] {
+            assert!(super::check_imgsz(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn jpeg_decoder_names_are_the_configs() {

@@ -155,6 +155,22 @@ fn shapes_that_fit_no_layer_are_refused_at_load() {
     assert_eq!(raw.dims(), &[1, 5, 84]);
 }
 
+/// The training size a checkpoint stores becomes the network input when the caller gives none
+/// (`eval` without `--imgsz`): past `MAX_IMGSZ` it is refused, naming the file, instead of sizing
+/// every letterbox by it.
+#[test]
+fn a_stored_training_size_past_the_bound_is_refused() {
+    let tensors = Checkpoint::load(&fixture("yolov9t-ball.pt")).unwrap().tensors;
+    let dir = tmpdir();
+    let p = dir.path().join("huge-imgsz.safetensors");
+    let meta = HashMap::from([("imgsz".to_string(), (1u64 << 30).to_string())]);
+    safetensors::serialize_to_file(&tensors, Some(meta), &p).unwrap();
+    let e = Detector::load(&p, &Device::Cpu, DType::F32, None).err().expect("a 2^30 input size was taken").to_string();
+    assert!(e.contains("huge-imgsz.safetensors") && e.contains("training size"), "{e}");
+    // a size the caller gives is used
+    assert_eq!(Detector::load(&p, &Device::Cpu, DType::F32, Some(320)).unwrap().imgsz(), 320);
+}
+
 #[test]
 fn damaged_files_give_errors_not_panics() {
     let dir = tmpdir();
