@@ -851,14 +851,26 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     huge[16..20].copy_from_slice(&30000u32.to_be_bytes());
     huge[20..24].copy_from_slice(&30000u32.to_be_bytes());
     std::fs::write(dir.join("e-bomb.png"), &huge).unwrap();
+    // links are followed: to a picture (detected; the link moves, the picture stays), to nothing
+    // and to a FIFO (both refused, not passed over); a link to a folder is left as a folder is
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("linked.jpg"), &good).unwrap();
+    std::os::unix::fs::symlink(outside.join("linked.jpg"), dir.join("f-link.jpg")).unwrap();
+    std::os::unix::fs::symlink(outside.join("missing.jpg"), dir.join("g-dangling.jpg")).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("h-fifo.jpg").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink(&outside, dir.join("i-folder-link")).unwrap();
     drop_images(dir, 0, 2, &good);
     col.publish("cameras/door/jpeg", b"garbage payload".to_vec());
     col.publish("cameras/door/jpeg", Vec::new());
     col.publish("cameras/door/jpeg", good.clone());
-    let bad = ["a-empty.jpg", "b-corrupt.jpg", "c-text.jpg", "d-oversized.bin", "e-bomb.png"];
-    wait_until(T, "bad files in failed/", || bad.iter().all(|b| conf.input.join("failed").join(b).exists()));
-    wait_until(T, "good ones detected", || col.detections().len() >= 3);
-    wait_until(T, "input_rejected events", || col.events("input_rejected").len() >= 7);
+    let bad = ["a-empty.jpg", "b-corrupt.jpg", "c-text.jpg", "d-oversized.bin", "e-bomb.png", "g-dangling.jpg", "h-fifo.jpg"];
+    let failed = conf.input.join("failed");
+    wait_until(T, "bad files in failed/", || bad.iter().all(|b| std::fs::symlink_metadata(failed.join(b)).is_ok()));
+    wait_until(T, "good ones detected", || col.detections().len() >= 4);
+    wait_until(T, "input_rejected events", || col.events("input_rejected").len() >= 9);
     for b in bad {
         let reason = std::fs::read_to_string(conf.input.join("failed").join(format!("{b}.reason.txt"))).unwrap();
         assert!(!reason.trim().is_empty());
@@ -873,6 +885,7 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
         .collect();
     assert!(reasons.iter().any(|r| r.contains("empty")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("limit")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("not a regular file")), "{reasons:?}");
     let from_door =
         |e: &EventBody| matches!(e, EventBody::InputRejected { source: Some(s), image: Some(ImageName::Id { .. }), .. } if s == "door");
     assert!(rej.iter().any(from_door), "{rej:?}");
@@ -880,7 +893,10 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     assert_eq!(door.len(), 1);
     check_detection(&door[0], "box-1");
     // files move to done/ once their results are published (the broker acked), so wait for it
-    wait_until(T, "both good files in done/", || files_in(&conf.input.join("done")).len() == 2);
+    wait_until(T, "the good files and the link in done/", || files_in(&conf.input.join("done")).len() == 3);
+    assert!(std::fs::symlink_metadata(conf.input.join("done/f-link.jpg")).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(outside.join("linked.jpg")).unwrap(), good, "what the link names stays");
+    assert!(conf.input.join("i-folder-link").is_dir(), "a link to a folder is left alone");
 
     // the folder disappears and comes back
     std::fs::rename(&conf.input, tmp.path().join("moved-away")).unwrap();
@@ -888,8 +904,8 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     std::fs::create_dir_all(&conf.input).unwrap();
     wait_until(T, "source_recovered event", || !col.events("source_recovered").is_empty());
     drop_images(&conf.input, 10, 1, &good);
-    wait_until(T, "agent keeps running", || col.detections().len() >= 4);
-    wait_until(T, "telemetry counts failures", || col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().frames.failed >= 7));
+    wait_until(T, "agent keeps running", || col.detections().len() >= 5);
+    wait_until(T, "telemetry counts failures", || col.on("/telemetry").last().is_some_and(|m| m.parse::<Telemetry>().frames.failed >= 9));
     assert!(agent.alive());
     agent.signal(libc::SIGTERM);
     assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));

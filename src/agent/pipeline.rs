@@ -92,7 +92,8 @@ fn move_into(path: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     let name = path.file_name().ok_or_else(|| std::io::Error::other("no file name"))?;
     let mut dest = dir.join(name);
     let mut n = 1;
-    while dest.exists() {
+    // the entry itself, not what it names: a link to nothing already there is a taken name too
+    while std::fs::symlink_metadata(&dest).is_ok() {
         let mut alt = name.to_os_string();
         alt.push(format!(".{n}"));
         dest = dir.join(alt);

@@ -31,6 +31,12 @@ fn in_progress(name: &str) -> bool {
     name.starts_with('.') || name.ends_with(".part") || name.ends_with(".tmp") || name.ends_with(".crdownload")
 }
 
+/// The entries of `dir` to take, with their size and modification time, in name order. Folders
+/// (done/ and failed/ among them) are passed over, and so are links to folders. A link is
+/// followed: a link to a picture is a picture (the link moves to done/, what it names stays).
+/// Anything else that is not a regular file (a FIFO, a socket, a device, a link to one of those
+/// or to nothing) is taken too: reading it fails (`files::read_bounded` reads regular files
+/// only), so it moves to failed/ with its reason instead of staying in the folder unreported.
 fn list(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64, SystemTime)>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(dir)? {
@@ -40,9 +46,11 @@ fn list(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64, SystemTime)>> {
         if in_progress(name) {
             continue;
         }
-        let Ok(m) = e.metadata() else { continue };
-        if m.is_file() {
-            v.push((e.path(), m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
+        let path = e.path();
+        // what a link names, else the entry itself (a link to nothing)
+        let Ok(m) = std::fs::metadata(&path).or_else(|_| e.metadata()) else { continue };
+        if !m.is_dir() {
+            v.push((path, m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
         }
     }
     v.sort_by(|a, b| a.0.cmp(&b.0));
