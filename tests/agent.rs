@@ -1297,6 +1297,68 @@ fn mqtt_payloads_over_max_bytes_never_reach_the_agent() {
     col.assert_all_typed();
 }
 
+/// MQTT 3.1.1 cannot tell the broker the agent's packet cap, so Mosquitto sends a payload of twice
+/// `max_bytes` anyway: the client refuses it from the packet's header (the agent's memory does
+/// not grow by it), the connection ends with that reason (an `mqtt_disconnected` event) and is
+/// made again, and pictures published after it are detected.
+#[test]
+fn mqtt311_payloads_over_max_bytes_cost_a_reconnect_not_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let max_bytes = 2_000_000;
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    conf.extra =
+        format!("[input]\nmax_bytes = {max_bytes}\n\n[[sources]]\ntype = \"mqtt\"\ntopic = \"cameras/+/jpeg\"\nid_from_topic_level = 2\n");
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
+    let jpeg = tmp.path().join("door.jpg");
+    std::fs::write(&jpeg, small_jpeg("horses.jpg", 96)).unwrap();
+    let publish = |file: &std::path::Path| {
+        let out = std::process::Command::new("mosquitto_pub")
+            .args(["-V", "mqttv311", "-h", "127.0.0.1", "-q", "1", "-p", &broker.port.to_string(), "-t", "cameras/door/jpeg", "-f"])
+            .arg(file)
+            .output()
+            .expect("mosquitto_pub (package mosquitto-clients)");
+        assert!(out.status.success(), "mosquitto_pub: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    for _ in 0..3 {
+        publish(&jpeg);
+    }
+    wait_until(T, "warm-up pictures detected", || col.detections().len() >= 3);
+    let before = vm_hwm_kb(agent.child.id());
+    let big = tmp.path().join("big.bin");
+    std::fs::write(&big, vec![0xffu8; 2 * max_bytes]).unwrap();
+    publish(&big);
+    wait_until(T, "the connection ended on the big packet", || !col.events("mqtt_disconnected").is_empty());
+    // a picture published while the agent reconnects is the broker's to drop (a clean session):
+    // publish until one is detected
+    wait_until(T, "a picture after the big one detected", || {
+        publish(&jpeg);
+        std::thread::sleep(Duration::from_millis(200));
+        col.detections().len() >= 4
+    });
+    let after = vm_hwm_kb(agent.child.id());
+    eprintln!("agent VmHWM {before} kB -> {after} kB around a {} kB payload", 2 * max_bytes / 1000);
+    assert!((after - before) * 1000 < max_bytes as u64, "peak memory grew by {} kB", after - before);
+    let reasons: Vec<String> = col
+        .events("mqtt_disconnected")
+        .into_iter()
+        .map(|e| match e {
+            EventBody::MqttDisconnected { reason } => reason,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert!(reasons.iter().any(|r| r.contains("payload size limit exceeded: 4000")), "the reason names the packet's size: {reasons:?}");
+    assert!(col.events("input_rejected").is_empty(), "the big payload reached the agent");
+    assert!(agent.alive());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
+}
+
 /// `bench` in model mode on the CPU: one row per batch in bench.md, bench.csv and bench.json
 /// (which `scripts/bench_compare.py` and `scripts/gpu_run.sh` read), with the median, p99 and
 /// throughput of the timed runs, and the chart.
