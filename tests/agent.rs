@@ -912,6 +912,98 @@ fn bad_inputs_are_counted_reported_and_moved_to_failed() {
     col.assert_all_typed();
 }
 
+/// Hot folders and MQTT image topics follow config edits without a restart: a folder whose
+/// settings change while its pictures are in the pipeline restarts without taking them twice; a
+/// folder and an image topic added start at once; removed, they take nothing more.
+#[test]
+fn folder_and_mqtt_sources_follow_config_edits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(broker) = Broker::start(&tmp.path().join("broker"), "") else { return };
+    let col = Collector::start(broker.port, "#", ClientOpts::default());
+    let mut conf = AgentConf::new(tmp.path(), broker.port);
+    // each batch waits, so that pictures are still in the pipeline when the folder restarts
+    conf.extra = "[debug]\ninfer_delay_ms = 150\n".into();
+    let cfg = tmp.path().join("agent.toml");
+    conf.write(&cfg);
+    let mut agent = Agent::spawn(&cfg, &[]);
+    wait_until(T, "online", || col.on("/status").iter().any(|m| m.status() == Status::Online));
+    let good = small_jpeg("horses.jpg", 96);
+    let applied = |n: usize| {
+        wait_until(T, "config_applied", || col.events("config_applied").len() >= n);
+        match col.events("config_applied").remove(n - 1) {
+            EventBody::ConfigApplied { changed, restart_required, .. } => {
+                assert!(restart_required.is_empty(), "{restart_required:?}");
+                changed
+            }
+            _ => unreachable!(),
+        }
+    };
+
+    // the folder's settings change while its 16 pictures are in the pipeline
+    let names = drop_images(&conf.input, 0, 16, &good);
+    wait_until(T, "the first picture detected", || !col.detections().is_empty());
+    let text = conf.toml();
+    write_atomic(&cfg, &text.replace("settle_ms = 50", "settle_ms = 60"));
+    assert_eq!(applied(1), vec!["sources.folders"]);
+    wait_until(T, "every picture in done/", || files_in(&conf.input.join("done")).len() == 16);
+    std::thread::sleep(Duration::from_millis(500));
+    let seen: Vec<String> = col
+        .detections()
+        .iter()
+        .map(|m| std::path::Path::new(m.parse::<Detections>().image.name()).file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(seen.len(), 16, "each picture once: {seen:?}");
+    assert_eq!(unique, names);
+
+    // a second folder and an image topic added
+    let yard = tmp.path().join("yard");
+    std::fs::create_dir_all(&yard).unwrap();
+    let added = format!(
+        "[[sources]]\ntype = \"folder\"\nid = \"yard\"\npath = \"{}\"\nsettle_ms = 50\nscan_interval_ms = 100\n\n\
+         [[sources]]\ntype = \"mqtt\"\ntopic = \"cams/+/jpeg\"\nid_from_topic_level = 2\n",
+        yard.display()
+    );
+    let text = format!("{}\n{added}", text.replace("settle_ms = 50", "settle_ms = 60"));
+    write_atomic(&cfg, &text);
+    assert_eq!(applied(2), vec!["sources.folders", "sources.mqtt"]);
+    drop_images(&yard, 100, 2, &good);
+    wait_until(T, "a picture on the new topic detected", || {
+        col.publish("cams/door/jpeg", good.clone());
+        std::thread::sleep(Duration::from_millis(300));
+        col.detections().iter().any(|m| m.topic.ends_with("/detections/door"))
+    });
+    wait_until(T, "the new folder's pictures detected", || {
+        col.detections().iter().filter(|m| m.topic.ends_with("/detections/yard")).count() == 2
+    });
+    let info = col.on("/info").last().unwrap().parse::<Info>();
+    assert_eq!(info.sources, vec!["cam", "yard", "cams/+/jpeg"]);
+
+    // the first folder and the topic removed: the yard goes on, the others take nothing more
+    let cam_block = format!(
+        "[[sources]]\ntype = \"folder\"\nid = \"cam\"\npath = \"{}\"\nsettle_ms = 60\nscan_interval_ms = 100\n",
+        conf.input.display()
+    );
+    assert!(text.contains(&cam_block));
+    let mqtt_block = "[[sources]]\ntype = \"mqtt\"\ntopic = \"cams/+/jpeg\"\nid_from_topic_level = 2\n";
+    write_atomic(&cfg, &text.replace(&cam_block, "").replace(mqtt_block, ""));
+    assert_eq!(applied(3), vec!["sources.folders", "sources.mqtt"]);
+    let door_before = col.detections().iter().filter(|m| m.topic.ends_with("/detections/door")).count();
+    drop_images(&conf.input, 200, 1, &good);
+    col.publish("cams/door/jpeg", good.clone());
+    drop_images(&yard, 300, 1, &good);
+    wait_until(T, "the yard goes on", || col.detections().iter().filter(|m| m.topic.ends_with("/detections/yard")).count() == 3);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(conf.input.join("img-00200.jpg").exists(), "a removed folder takes nothing");
+    assert_eq!(col.detections().iter().filter(|m| m.topic.ends_with("/detections/door")).count(), door_before, "a removed topic");
+    assert!(agent.alive());
+    agent.signal(libc::SIGTERM);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    col.assert_all_typed();
+}
+
 /// A broker, a collector on every topic, and an agent speaking MQTT 5 with one MQTT image source
 /// (`cameras/+/jpeg`, the second level as source id) after `input` (extra config before it),
 /// online. `None` without Mosquitto.

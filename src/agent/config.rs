@@ -807,7 +807,8 @@ impl SourceConfig {
         }
     }
 
-    /// Whether this source is a stream (applied live on a config edit).
+    /// Whether this source is a stream (its frames wait in the pipeline's per-stream slots;
+    /// the others feed the intake).
     pub fn is_stream(&self) -> bool {
         matches!(self, Self::Stream(_))
     }
@@ -1264,12 +1265,22 @@ impl Config {
         })
     }
 
-    /// The folder and MQTT sources (a change needs a restart).
-    pub fn fixed_sources(&self) -> impl Iterator<Item = &SourceConfig> {
-        self.sources.iter().filter(|s| !s.is_stream())
+    /// Whether any source feeds the intake (hot folders, MQTT image topics), not only streams.
+    pub fn has_picture_sources(&self) -> bool {
+        self.sources.iter().any(|s| !s.is_stream())
     }
 
-    /// The stream sources (applied live).
+    /// The hot-folder sources.
+    pub fn folders(&self) -> impl Iterator<Item = &SourceConfig> {
+        self.sources.iter().filter(|s| matches!(s, SourceConfig::Folder { .. }))
+    }
+
+    /// The MQTT image sources.
+    pub fn mqtt_sources(&self) -> impl Iterator<Item = &SourceConfig> {
+        self.sources.iter().filter(|s| matches!(s, SourceConfig::Mqtt { .. }))
+    }
+
+    /// The stream sources.
     pub fn streams(&self) -> impl Iterator<Item = &StreamConfig> {
         self.sources.iter().filter_map(|s| match s {
             SourceConfig::Stream(c) => Some(c),
@@ -1282,9 +1293,6 @@ impl Config {
         let mut v = Vec::new();
         if self.device != new.device {
             v.push("device");
-        }
-        if !self.fixed_sources().eq(new.fixed_sources()) {
-            v.push("sources");
         }
         if self.spool != new.spool {
             v.push("spool");
@@ -1633,7 +1641,7 @@ path = "/in"
             let e = err(&stream(body));
             assert!(e.contains(&format!("`{key}")) && e.contains(why), "{body}: {e}");
         }
-        // streams change live; folders and MQTT sources need a restart
+        // every kind of source changes live
         let two = Config::parse(&format!("{MIN}[[sources]]\ntype = \"rtsp\"\nid = \"door\"\nurl = \"rtsp://x/y\"\n"), Path::new("/a.toml"))
             .unwrap();
         let three =
@@ -1645,7 +1653,7 @@ path = "/in"
             Path::new("/a.toml"),
         )
         .unwrap();
-        assert_eq!(two.restart_required(&moved), vec!["sources"]);
+        assert!(two.restart_required(&moved).is_empty());
         assert_eq!(strip_userinfo("rtsp://admin:secret@cam.local:554/s?a=b@c"), "rtsp://cam.local:554/s?a=b@c");
     }
 

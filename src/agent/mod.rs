@@ -28,7 +28,7 @@ use std::time::Duration;
 use candle_core::{DType, Device};
 use tokio::sync::{mpsc, watch};
 
-use crate::agent::config::{BatchSpec, Config, ConfigError, SourceConfig};
+use crate::agent::config::{BatchSpec, Config, ConfigError};
 use crate::agent::events::EventSink;
 use crate::agent::pipeline::{ModelMeta, Pipeline, Wiring};
 use crate::agent::sources::{folder, mqtt as mqtt_source};
@@ -266,12 +266,10 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
     let (images_tx, images_rx) = mpsc::channel(64);
 
     let hub = frames::FrameHub::new();
-    let pictures = cfg.sources.iter().any(|s| !s.is_stream());
     let wiring = Wiring {
         cfg: cfg_rx.clone(),
         intake: intake_rx,
         hub: hub.clone(),
-        pictures,
         results: results_tx,
         events: events.clone(),
         stats: stats.clone(),
@@ -339,35 +337,13 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
         })
     };
 
-    // sources
-    let mut source_tasks = Vec::new();
-    let mut mqtt_sources = Vec::new();
-    for s in &cfg.sources {
-        match s.clone() {
-            SourceConfig::Folder { id, path, done_dir, failed_dir, settle, scan_interval } => {
-                let src = folder::FolderSource { id, path, done_dir, failed_dir, settle, scan_interval };
-                source_tasks.push(tokio::spawn(folder::run(src, intake_tx.clone(), stop_rx.clone(), events.clone())));
-            }
-            SourceConfig::Mqtt { id, topic, id_from_topic_level } => {
-                mqtt_sources.push(mqtt_source::MqttSource { id, filter: topic, id_level: id_from_topic_level })
-            }
-            // started (and followed through config edits) by the stream manager below
-            SourceConfig::Stream(_) => {}
-        }
-    }
-    #[cfg(feature = "gstreamer")]
-    source_tasks.push(tokio::spawn(sources::camera::manage(cfg_rx.clone(), hub.clone(), events.clone(), stats.clone(), stop_rx.clone())));
-    let image_filters: Vec<String> = mqtt_sources.iter().map(|s| s.filter.clone()).collect();
-    if !mqtt_sources.is_empty() {
-        source_tasks.push(tokio::spawn(mqtt_source::run(
-            mqtt_sources,
-            images_rx,
-            intake_tx.clone(),
-            stop_rx.clone(),
-            events.clone(),
-            stats.clone(),
-        )));
-    }
+    // sources, each kind followed through config edits by its manager
+    let source_tasks = [
+        tokio::spawn(folder::manage(cfg_rx.clone(), intake_tx.clone(), stop_rx.clone(), events.clone())),
+        tokio::spawn(mqtt_source::run(cfg_rx.clone(), images_rx, intake_tx.clone(), stop_rx.clone(), events.clone(), stats.clone())),
+        #[cfg(feature = "gstreamer")]
+        tokio::spawn(sources::camera::manage(cfg_rx.clone(), hub.clone(), events.clone(), stats.clone(), stop_rx.clone())),
+    ];
     drop(intake_tx);
 
     let publisher_task = tokio::spawn(publisher::run(PublisherParts {
@@ -381,7 +357,6 @@ async fn run_async(started: Started, shutdown: impl Future<Output = ()>) -> Resu
         info,
         memory,
         images: images_tx,
-        image_filters,
         shutdown: stop_rx.clone(),
     }));
 

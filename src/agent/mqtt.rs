@@ -104,6 +104,13 @@ impl Client {
         }
     }
 
+    pub fn try_unsubscribe(&self, filter: &str) -> Result<(), MqttError> {
+        match self {
+            Client::V4(c) => c.try_unsubscribe(filter).map_err(|e| MqttError::Closed(e.to_string())),
+            Client::V5(c) => c.try_unsubscribe(filter).map_err(|e| MqttError::Closed(e.to_string())),
+        }
+    }
+
     /// Sends the acknowledgement `ack` is owed (nothing for [`Ack::None`]). It must go on the
     /// connection the message came on.
     pub fn try_ack(&self, ack: &Ack) -> Result<(), MqttError> {

@@ -181,9 +181,6 @@ pub struct Wiring {
     pub intake: mpsc::Receiver<Job>,
     /// The newest frame of each camera and video stream.
     pub hub: Arc<FrameHub>,
-    /// Whether any folder or MQTT source feeds the intake (without, a batch holding a frame of
-    /// every stream goes at once instead of waiting `max_wait` for pictures).
-    pub pictures: bool,
     /// Every job's outcome, in the order batches finish.
     pub results: mpsc::Sender<Outcome>,
     /// Where the pipeline's events go (batch changes, out-of-memory fallbacks, re-plans).
@@ -204,7 +201,7 @@ impl Pipeline {
     /// once the intake is closed and drained and the hub closed, after the last outcome has been
     /// sent on `results`.
     pub fn start(detector: Detector, startup_batch: usize, plan: Option<Plan>, wiring: Wiring) -> std::io::Result<Self> {
-        let Wiring { cfg, intake, hub, pictures, results, events, stats } = wiring;
+        let Wiring { cfg, intake, hub, results, events, stats } = wiring;
         let c = cfg.borrow().clone();
         let threads_n = c.device.decode_threads.max(1);
         let pool = Arc::new(
@@ -245,7 +242,7 @@ impl Pipeline {
             out: batch_tx,
             max_wait: c.device.max_wait,
             hub,
-            pictures,
+            cfg: cfg.clone(),
             pool,
             prep,
             stats: st,
@@ -348,7 +345,9 @@ struct Batcher {
     out: SyncSender<Vec<Decoded>>,
     max_wait: Duration,
     hub: Arc<FrameHub>,
-    pictures: bool,
+    /// The config: whether any folder or MQTT source feeds the intake (without, a batch holding
+    /// a frame of every stream goes at once instead of waiting `max_wait` for pictures).
+    cfg: watch::Receiver<Arc<Config>>,
     pool: Arc<rayon::ThreadPool>,
     prep: Prep,
     stats: Arc<Stats>,
@@ -388,6 +387,7 @@ impl Batcher {
                 }
             }
             let deadline = Instant::now() + self.max_wait;
+            let pictures = self.cfg.borrow().has_picture_sources();
             loop {
                 let target = target();
                 let have = items.iter().filter(|d| d.result.is_ok()).count() + frames.len();
@@ -397,7 +397,7 @@ impl Batcher {
                     frames.extend(got);
                 }
                 let have = items.iter().filter(|d| d.result.is_ok()).count() + frames.len();
-                if have >= target || (!self.pictures && have > 0 && in_batch.len() >= self.hub.streams()) {
+                if have >= target || (!pictures && have > 0 && in_batch.len() >= self.hub.streams()) {
                     break;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::agent::config::Config;
+use crate::agent::config::{Config, SourceConfig};
 use crate::agent::events::EventSink;
 use crate::agent::messages::{self, EventBody, FrameImage, FrameLatency, ImageName, InputStage, MemoryBudget, Status};
 use crate::agent::mqtt::{self, Client, ConnEvent, Incoming, MqttError};
@@ -74,8 +74,9 @@ pub struct PublisherParts {
     /// Builds the retained `info` message (published on connect and after info-changing events).
     pub info: Box<dyn Fn() -> messages::Info + Send>,
     pub memory: Arc<dyn MemorySource>,
+    /// Pictures from the image topics of the config's MQTT sources, which the publisher
+    /// subscribes to on its connection (again after a config edit changes them).
     pub images: mpsc::Sender<Incoming>,
-    pub image_filters: Vec<String>,
     /// Turns true on SIGTERM/SIGINT: from then on, `grace` bounds the drain.
     pub shutdown: watch::Receiver<bool>,
 }
@@ -207,7 +208,13 @@ pub async fn run(parts: PublisherParts) {
                     memory_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 }
                 let reconnect = new.mqtt != p.cfg.mqtt;
+                let (before, after) = (image_filters(&p.cfg), image_filters(&new));
                 p.cfg = new;
+                if !reconnect && p.connected && before != after {
+                    let added: Vec<String> = after.iter().filter(|f| !before.contains(f)).cloned().collect();
+                    let removed: Vec<String> = before.into_iter().filter(|f| !after.contains(f)).collect();
+                    p.subscribe(&added, &removed);
+                }
                 if reconnect {
                     tracing::info!("MQTT settings changed: reconnecting");
                     if let Some(c) = &p.client { c.try_disconnect() }
@@ -228,7 +235,37 @@ pub async fn run(parts: PublisherParts) {
     p.finish().await;
 }
 
+/// The topic filters of the config's MQTT image sources, each once, in config order.
+fn image_filters(cfg: &Config) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for s in cfg.mqtt_sources() {
+        if let SourceConfig::Mqtt { topic, .. } = s {
+            if !v.contains(topic) {
+                v.push(topic.clone());
+            }
+        }
+    }
+    v
+}
+
 impl Publisher {
+    /// Subscribes the connection to `add` and unsubscribes it from `remove` (image topics).
+    fn subscribe(&self, add: &[String], remove: &[String]) {
+        let Some(c) = &self.client else { return };
+        for f in add {
+            match c.try_subscribe(f) {
+                Ok(()) => tracing::info!(filter = %f, "subscribed to image topic"),
+                Err(e) => tracing::error!("cannot subscribe to {f}: {e}"),
+            }
+        }
+        for f in remove {
+            match c.try_unsubscribe(f) {
+                Ok(()) => tracing::info!(filter = %f, "unsubscribed from image topic"),
+                Err(e) => tracing::error!("cannot unsubscribe from {f}: {e}"),
+            }
+        }
+    }
+
     fn topic(&self, leaf: &str) -> String {
         self.cfg.mqtt.topic(leaf)
     }
@@ -394,13 +431,7 @@ impl Publisher {
                 if let Some(t) = self.pending_telemetry.take() {
                     self.send(t);
                 }
-                if let Some(c) = &self.client {
-                    for f in &self.p.image_filters {
-                        if let Err(e) = c.try_subscribe(f) {
-                            tracing::error!("cannot subscribe to {f}: {e}");
-                        }
-                    }
-                }
+                self.subscribe(&image_filters(&self.cfg), &[]);
             }
             ConnEvent::Refused { reason, auth } => {
                 self.p.stats.connect_refused.fetch_add(1, Relaxed);

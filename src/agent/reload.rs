@@ -224,9 +224,8 @@ pub(super) async fn watch_config(
         let restart = old.restart_required(&new);
         let mut applied = new.clone();
         applied.device = old.device.clone();
-        // folder and MQTT sources need a restart; streams follow the edit (the stream manager
-        // starts, stops and restarts the ones that changed)
-        applied.sources = old.fixed_sources().cloned().chain(new.streams().cloned().map(config::SourceConfig::Stream)).collect();
+        // sources follow the edit: the folder, MQTT and stream managers start, stop and restart
+        // the ones that changed
         applied.spool = old.spool.clone();
         applied.input = old.input;
         applied.inject_oom = old.inject_oom;
@@ -298,6 +297,15 @@ fn changed_sections(a: &Config, b: &Config) -> Vec<&'static str> {
     }
     if a.shutdown_grace != b.shutdown_grace {
         v.push("shutdown");
+    }
+    if a.watchdog != b.watchdog {
+        v.push("watchdog");
+    }
+    if !a.folders().eq(b.folders()) {
+        v.push("sources.folders");
+    }
+    if !a.mqtt_sources().eq(b.mqtt_sources()) {
+        v.push("sources.mqtt");
     }
     if !a.streams().eq(b.streams()) {
         v.push("sources.streams");

@@ -1,22 +1,24 @@
 //! Hot-folder source: notify wakes a scanner that takes a file once it is completely written
 //! (renamed into place, or the same size and mtime for `settle`), oldest name first. Files
 //! left over from a crash are found by the first scan. Moving to done/ or failed/ is the
-//! publisher's job, after the outcome is safely delivered.
+//! publisher's job, after the outcome is safely delivered. [`manage`] runs the configured
+//! folders and follows config edits.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use notify::Watcher;
 use tokio::sync::{mpsc, watch};
 
+use crate::agent::config::{Config, SourceConfig};
 use crate::agent::events::EventSink;
 use crate::agent::messages::EventBody;
 use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
 
 /// A configured hot folder.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FolderSource {
     pub id: String,
     pub path: PathBuf,
@@ -24,6 +26,60 @@ pub struct FolderSource {
     pub failed_dir: PathBuf,
     pub settle: Duration,
     pub scan_interval: Duration,
+}
+
+impl FolderSource {
+    /// The hot folder a source entry configures; `None` for other kinds of source.
+    pub fn of(s: &SourceConfig) -> Option<Self> {
+        match s.clone() {
+            SourceConfig::Folder { id, path, done_dir, failed_dir, settle, scan_interval } => {
+                Some(Self { id, path, done_dir, failed_dir, settle, scan_interval })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Files of one folder handed to the pipeline and still in the folder (their outcome not yet
+/// delivered, so not yet moved): shared by the folder's successive sources, so that a source
+/// restarted by a config edit does not take them again.
+pub type Taken = Arc<Mutex<HashSet<PathBuf>>>;
+
+/// Runs the configured hot folders until `stop`: starts them, then follows config edits
+/// (folders added, removed or changed; the others untouched). A folder's files already handed to
+/// the pipeline stay its own across a restart ([`Taken`]); those of a removed folder still get
+/// their outcome and move to done/ or failed/. At the end every folder source is stopped.
+pub async fn manage(mut cfg: watch::Receiver<Arc<Config>>, intake: mpsc::Sender<Job>, mut stop: watch::Receiver<bool>, events: EventSink) {
+    let mut running: Vec<(FolderSource, watch::Sender<bool>, tokio::task::JoinHandle<()>)> = Vec::new();
+    let mut taken: BTreeMap<PathBuf, Taken> = BTreeMap::new();
+    loop {
+        let want: Vec<FolderSource> = cfg.borrow_and_update().folders().filter_map(FolderSource::of).collect();
+        let (keep, gone): (Vec<_>, Vec<_>) = running.into_iter().partition(|(src, ..)| want.contains(src));
+        running = keep;
+        for (src, halt, task) in gone {
+            tracing::info!(source = %src.id, path = %src.path.display(), "hot folder stopped (config)");
+            let _ = halt.send(true);
+            let _ = task.await;
+        }
+        for src in want {
+            if running.iter().any(|(r, ..)| *r == src) {
+                continue;
+            }
+            tracing::info!(source = %src.id, path = %src.path.display(), "hot folder starting");
+            let files = taken.entry(src.path.clone()).or_default().clone();
+            let (halt, halted) = watch::channel(false);
+            let task = tokio::spawn(run(src.clone(), files, intake.clone(), halted, events.clone()));
+            running.push((src, halt, task));
+        }
+        tokio::select! {
+            r = cfg.changed() => if r.is_err() { break },
+            _ = stop.changed() => break,
+        }
+    }
+    for (_, halt, task) in running {
+        let _ = halt.send(true);
+        let _ = task.await;
+    }
 }
 
 /// Names that are still being written by the usual conventions (hidden temp file, `.part`, `.tmp`).
@@ -57,13 +113,14 @@ fn list(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64, SystemTime)>> {
     Ok(v)
 }
 
-/// Runs the source until `stop` turns true (or the intake closes).
-pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::Receiver<bool>, events: EventSink) {
+/// Runs the source until `stop` turns true (or the intake closes). `taken` holds the folder's
+/// files handed to the pipeline and not yet moved.
+pub async fn run(src: FolderSource, taken: Taken, intake: mpsc::Sender<Job>, mut stop: watch::Receiver<bool>, events: EventSink) {
     let id: Arc<str> = Arc::from(src.id.as_str());
     let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
     let mut watcher: Option<notify::RecommendedWatcher> = None;
     let mut seen: HashMap<PathBuf, (u64, SystemTime, Instant)> = HashMap::new();
-    let mut taken: HashSet<PathBuf> = HashSet::new();
+    let is_taken = |p: &PathBuf| taken.lock().unwrap_or_else(|e| e.into_inner()).contains(p);
     let mut missing_reported = false;
     for d in [&src.done_dir, &src.failed_dir] {
         if let Err(e) = std::fs::create_dir_all(d) {
@@ -105,10 +162,10 @@ pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::
                     events.emit(EventBody::SourceRecovered { source: id.to_string(), path: src.path.to_string_lossy().into_owned() });
                 }
                 let present: HashSet<&PathBuf> = files.iter().map(|f| &f.0).collect();
-                taken.retain(|p| present.contains(p));
+                taken.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| present.contains(p));
                 seen.retain(|p, _| present.contains(p));
                 for (path, len, mtime) in &files {
-                    if taken.contains(path) {
+                    if is_taken(path) {
                         continue;
                     }
                     let stable = match seen.get(path) {
@@ -137,7 +194,7 @@ pub async fn run(src: FolderSource, intake: mpsc::Sender<Job>, mut stop: watch::
                         _ = stop.changed() => return,
                     }
                     seen.remove(path);
-                    taken.insert(path.clone());
+                    taken.lock().unwrap_or_else(|e| e.into_inner()).insert(path.clone());
                 }
             }
         }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::agent::config::{Config, SourceConfig};
 use crate::agent::events::EventSink;
 use crate::agent::messages::{EventBody, ImageName, InputStage};
 use crate::agent::mqtt::Incoming;
@@ -13,12 +14,24 @@ use crate::agent::pipeline::{Completion, ImageRef, Job, JobData};
 use crate::agent::telemetry::{FrameResult, Stats};
 
 /// A configured image topic.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MqttSource {
     pub id: Option<String>,
     pub filter: String,
     /// 1-based topic level used as source id (0: the whole topic).
     pub id_level: usize,
+}
+
+impl MqttSource {
+    /// The image topics `cfg` configures, in its order (the first that matches a message takes it).
+    pub fn all(cfg: &Config) -> Vec<Self> {
+        cfg.mqtt_sources()
+            .filter_map(|s| match s.clone() {
+                SourceConfig::Mqtt { id, topic, id_from_topic_level } => Some(Self { id, filter: topic, id_level: id_from_topic_level }),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The filter a shared subscription (`$share/<group>/<filter>`, MQTT 5 and Mosquitto's 3.1.1)
@@ -115,9 +128,11 @@ pub fn intake(sources: &[MqttSource], m: Incoming, counter: &AtomicU64) -> Intak
     })
 }
 
-/// Turns incoming messages into jobs until `stop` turns true or the message feed ends.
+/// Turns incoming messages into jobs until `stop` turns true or the message feed ends, with the
+/// image topics of the current config (the publisher subscribes to them; a message of a topic
+/// no longer configured, still on its way, is ignored).
 pub async fn run(
-    sources: Vec<MqttSource>,
+    mut cfg: watch::Receiver<Arc<Config>>,
     mut incoming: mpsc::Receiver<Incoming>,
     intake_tx: mpsc::Sender<Job>,
     mut stop: watch::Receiver<bool>,
@@ -125,11 +140,15 @@ pub async fn run(
     stats: Arc<Stats>,
 ) {
     let counter = AtomicU64::new(0);
+    let mut sources = MqttSource::all(&cfg.borrow_and_update());
     loop {
         let m = tokio::select! {
             m = incoming.recv() => match m { Some(m) => m, None => return },
             _ = stop.changed() => return,
         };
+        if cfg.has_changed().unwrap_or(false) {
+            sources = MqttSource::all(&cfg.borrow_and_update());
+        }
         let job = match intake(&sources, m, &counter) {
             Intake::Ignored => continue,
             Intake::Rejected { source, image, topic, reason } => {
