@@ -153,7 +153,7 @@ fn epilogue_row_generic(row: &mut [f32], b: f32, act: bool, res: Option<&[f32]>)
 /// The same loop compiled for AVX2 + FMA (8 lanes; the crate's baseline target is SSE2).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn epilogue_row_avx2(row: &mut [f32], b: f32, act: bool, res: Option<&[f32]>) {
+fn epilogue_row_avx2(row: &mut [f32], b: f32, act: bool, res: Option<&[f32]>) {
     epilogue_row_generic(row, b, act, res)
 }
 

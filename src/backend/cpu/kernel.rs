@@ -151,7 +151,7 @@ pub fn silu(v: f32) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn silu8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+fn silu8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let s = _mm256_set1_ps;
     let x = _mm256_max_ps(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), v), s(88.0)), s(-87.0));
@@ -171,7 +171,7 @@ unsafe fn silu8(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn silu16(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+fn silu16(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     let s = _mm512_set1_ps;
     let x = _mm512_max_ps(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), v), s(88.0)), s(-87.0));
