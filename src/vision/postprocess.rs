@@ -94,53 +94,88 @@ pub fn candidates_from_rows(rows: &[f32], pictures: usize, anchors: usize) -> Ve
         .collect()
 }
 
-/// The kept boxes of one class, as columns (class-offset xyxy and area), so that the overlap
-/// test of a candidate against all of them runs in SIMD lanes.
+/// Kept boxes a lane group holds: one AVX-512 register of f32, four SSE or NEON registers.
+const LANES: usize = 16;
+
+/// The kept boxes of one class, as columns in lane groups (class-offset xyxy and area), so that
+/// the overlap test of a candidate against all of them runs in SIMD lanes. The last group's
+/// lanes past `len` hold zeros and are masked out.
 #[derive(Default)]
 struct KeptBoxes {
-    x1: Vec<f32>,
-    y1: Vec<f32>,
-    x2: Vec<f32>,
-    y2: Vec<f32>,
-    area: Vec<f32>,
+    x1: Vec<[f32; LANES]>,
+    y1: Vec<[f32; LANES]>,
+    x2: Vec<[f32; LANES]>,
+    y2: Vec<[f32; LANES]>,
+    area: Vec<[f32; LANES]>,
+    len: usize,
 }
 
 impl KeptBoxes {
     fn push(&mut self, b: &[f32; 4]) {
-        self.x1.push(b[0]);
-        self.y1.push(b[1]);
-        self.x2.push(b[2]);
-        self.y2.push(b[3]);
-        self.area.push(area(b));
+        let (g, l) = (self.len / LANES, self.len % LANES);
+        if l == 0 {
+            for col in [&mut self.x1, &mut self.y1, &mut self.x2, &mut self.y2, &mut self.area] {
+                col.push([0.0; LANES]);
+            }
+        }
+        self.x1[g][l] = b[0];
+        self.y1[g][l] = b[1];
+        self.x2[g][l] = b[2];
+        self.y2[g][l] = b[3];
+        self.area[g][l] = area(b);
+        self.len += 1;
     }
 
     /// Whether any kept box overlaps `b` by more than `iou`: the reference's IoU
     /// (`inter / (area_a + area_b - inter + 1e-9)`, the same f32 operations in the same order),
-    /// a lane group at a time.
+    /// a lane group at a time, with the widest vectors the CPU has.
     fn overlaps(&self, b: &[f32; 4], iou: f32) -> bool {
-        const LANES: usize = 16;
-        let area_b = area(b);
-        let n = self.area.len();
-        let mut start = 0;
-        while start < n {
-            let end = (start + LANES).min(n);
-            let cols = self.x1[start..end]
-                .iter()
-                .zip(&self.y1[start..end])
-                .zip(&self.x2[start..end])
-                .zip(&self.y2[start..end])
-                .zip(&self.area[start..end]);
-            let mut hit = false;
-            for ((((&x1, &y1), &x2), &y2), &area_a) in cols {
-                let iw = (x2.min(b[2]) - x1.max(b[0])).max(0.0);
-                let ih = (y2.min(b[3]) - y1.max(b[1])).max(0.0);
-                let inter = iw * ih;
-                hit |= inter / (area_a + area_b - inter + 1e-9) > iou;
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports the feature the function is compiled for (checked just above).
+                return unsafe { self.overlaps_avx512(b, iou) };
             }
-            if hit {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: as above.
+                return unsafe { self.overlaps_avx2(b, iou) };
+            }
+        }
+        self.overlaps_lanes(b, iou)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn overlaps_avx512(&self, b: &[f32; 4], iou: f32) -> bool {
+        self.overlaps_lanes(b, iou)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn overlaps_avx2(&self, b: &[f32; 4], iou: f32) -> bool {
+        self.overlaps_lanes(b, iou)
+    }
+
+    /// [`Self::overlaps`] in plain arithmetic over fixed-width groups, which the compiler turns
+    /// into vector instructions of the calling function's features (every operation is IEEE's,
+    /// so the lanes give what a scalar loop gives).
+    #[inline(always)]
+    fn overlaps_lanes(&self, b: &[f32; 4], iou: f32) -> bool {
+        let area_b = area(b);
+        let full = self.len / LANES;
+        for (g, ((((x1, y1), x2), y2), area_a)) in self.x1.iter().zip(&self.y1).zip(&self.x2).zip(&self.y2).zip(&self.area).enumerate() {
+            let mut hits = 0u32;
+            for l in 0..LANES {
+                let iw = (x2[l].min(b[2]) - x1[l].max(b[0])).max(0.0);
+                let ih = (y2[l].min(b[3]) - y1[l].max(b[1])).max(0.0);
+                let inter = iw * ih;
+                hits |= u32::from(inter / (area_a[l] + area_b - inter + 1e-9) > iou) << l;
+            }
+            // the last group's lanes past `len` are not boxes
+            let boxes = if g < full { u32::MAX } else { (1 << (self.len % LANES)) - 1 };
+            if hits & boxes != 0 {
                 return true;
             }
-            start = end;
         }
         false
     }
@@ -354,5 +389,57 @@ mod tests {
             };
             assert_eq!(bits(&fast), bits(&slow), "{n} candidates, {classes} classes, max_det {max_det}, conf {conf}");
         }
+    }
+
+    #[test]
+    fn lane_groups_answer_as_the_scalar_iou_on_every_vector_width() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f32 / (1u64 << 53) as f32
+        };
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 1e30];
+        let mut cases = 0;
+        for n in [0usize, 1, 15, 16, 17, 33, 64] {
+            let mut kept = KeptBoxes::default();
+            let mut boxes = Vec::new();
+            for k in 0..n {
+                let (x, y) = (next() * 100.0, next() * 100.0);
+                let mut b = [x, y, x + 1.0 + next() * 30.0, y + 1.0 + next() * 30.0];
+                if k % 9 == 4 {
+                    b[k % 4] = specials[k % specials.len()];
+                }
+                kept.push(&b);
+                boxes.push(b);
+            }
+            for _ in 0..200 {
+                let (x, y) = (next() * 110.0 - 5.0, next() * 110.0 - 5.0);
+                let b = [x, y, x + next() * 40.0, y + next() * 40.0];
+                for thr in [-1.0, 0.0, 0.3, 0.7, f32::NAN] {
+                    let want = boxes.iter().any(|a| iou(a, &b) > thr);
+                    assert_eq!(kept.overlaps_lanes(&b, thr), want, "{n} kept, threshold {thr}");
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        if std::arch::is_x86_feature_detected!("avx2") {
+                            // SAFETY: AVX2 checked just above.
+                            assert_eq!(unsafe { kept.overlaps_avx2(&b, thr) }, want);
+                        }
+                        if std::arch::is_x86_feature_detected!("avx512f") {
+                            // SAFETY: AVX-512F checked just above.
+                            assert_eq!(unsafe { kept.overlaps_avx512(&b, thr) }, want);
+                        }
+                    }
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 7 * 200 * 5);
+        // the last group's lanes past the kept boxes are zeros, which a negative threshold would
+        // count as overlaps: masked out (the one box here, with an infinite side, overlaps nothing)
+        let mut kept = KeptBoxes::default();
+        kept.push(&[f32::INFINITY, 0.0, f32::INFINITY, 10.0]);
+        assert!(!kept.overlaps(&[0.0, 0.0, 10.0, 10.0], -1.0));
     }
 }
