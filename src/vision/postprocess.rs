@@ -347,17 +347,21 @@ mod tests {
         keep
     }
 
-    #[test]
-    fn kept_list_pass_keeps_what_one_pass_over_all_keeps() {
-        // crowded pictures: thousands of overlapping candidates over a few classes, score ties
-        // included, at several max_det (an untrained model makes every anchor a candidate)
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
+    /// Pseudo-random numbers in [0, 1) (xorshift64), the same sequence for a seed on every run.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             (seed >> 11) as f32 / (1u64 << 53) as f32
-        };
+        }
+    }
+
+    #[test]
+    fn kept_list_pass_keeps_what_one_pass_over_all_keeps() {
+        // crowded pictures: thousands of overlapping candidates over a few classes, score ties
+        // included, at several max_det (an untrained model makes every anchor a candidate)
+        let mut next = uniform(0x9e37_79b9_7f4a_7c15u64);
         for (n, classes, max_det, conf) in [
             (3000, 5, 300, 0.1),
             (2000, 80, 300, 0.1),
@@ -393,13 +397,7 @@ mod tests {
 
     #[test]
     fn lane_groups_answer_as_the_scalar_iou_on_every_vector_width() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f32 / (1u64 << 53) as f32
-        };
+        let mut next = uniform(0x2545_f491_4f6c_dd1du64);
         let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 1e30];
         let mut cases = 0;
         for n in [0usize, 1, 15, 16, 17, 33, 64] {
