@@ -94,7 +94,8 @@ pub fn candidates_from_rows(rows: &[f32], pictures: usize, anchors: usize) -> Ve
         .collect()
 }
 
-/// Kept boxes a lane group holds: one AVX-512 register of f32, four SSE or NEON registers.
+/// Kept boxes a lane group holds: one AVX-512 register of f32, two AVX2 registers, four SSE or
+/// NEON registers.
 const LANES: usize = 16;
 
 /// The kept boxes of one class, as columns in lane groups (class-offset xyxy and area), so that
@@ -399,7 +400,6 @@ mod tests {
     fn lane_groups_answer_as_the_scalar_iou_on_every_vector_width() {
         let mut next = uniform(0x2545_f491_4f6c_dd1du64);
         let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 1e30];
-        let mut cases = 0;
         for n in [0usize, 1, 15, 16, 17, 33, 64] {
             let mut kept = KeptBoxes::default();
             let mut boxes = Vec::new();
@@ -429,11 +429,9 @@ mod tests {
                             assert_eq!(unsafe { kept.overlaps_avx512(&b, thr) }, want);
                         }
                     }
-                    cases += 1;
                 }
             }
         }
-        assert_eq!(cases, 7 * 200 * 5);
         // the last group's lanes past the kept boxes are zeros, which a negative threshold would
         // count as overlaps: masked out (the one box here, with an infinite side, overlaps nothing)
         let mut kept = KeptBoxes::default();
