@@ -2,9 +2,11 @@
 //! a seeded random-weight model, whose every anchor passes the confidence filter: the crowded
 //! case that an untrained model or a low threshold (`eval`'s 0.001) gives.
 //!
-//!     cargo run --release --example nms_cost -- random:yolov9c PICTURE [CONF]
+//!     cargo run --release --example nms_cost -- random:yolov9c PICTURE [CONF] [RAW.npy]
 //!
 //! Prints the candidates, the boxes kept and the median of 200 runs (CPU model, f32, rect).
+//! RAW.npy keeps the raw output, so that `scripts/nms_reference.py` times the reference's
+//! detection step on the same tensor.
 
 use std::time::Instant;
 
@@ -20,7 +22,7 @@ type Error = Box<dyn std::error::Error>;
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let [_, spec, picture, rest @ ..] = args.as_slice() else {
-        return Err("usage: nms_cost random:yolov9X PICTURE [CONF]".into());
+        return Err("usage: nms_cost random:yolov9X PICTURE [CONF] [RAW.npy]".into());
     };
     let conf: f32 = rest.first().map(|c| c.parse()).transpose()?.unwrap_or(0.25);
     let variant = random::parse_spec(spec).ok_or("expected random:yolov9X")??;
@@ -28,7 +30,11 @@ fn main() -> Result<(), Error> {
     let det = Detector::from_model(model, 640);
     let img = decode_image(&std::fs::read(picture)?, &DecodeLimits::default())?;
     let lb = letterbox_fit(&img, 640, Fit::Rect);
-    let cands = det.candidates(&det.raw(&[&lb])?, conf)?.swap_remove(0);
+    let raw = det.raw(&[&lb])?;
+    if let Some(path) = rest.get(1) {
+        raw.write_npy(path)?;
+    }
+    let cands = det.candidates(&raw, conf)?.swap_remove(0);
     let th = Thresholds { conf, ..Thresholds::default() };
     let mut times = Vec::new();
     let mut kept = 0;
