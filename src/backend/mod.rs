@@ -55,7 +55,7 @@ pub use cuda::cudnn::conv2d as cudnn_conv2d;
 pub use cuda::cudnn_fused::{conv_bias_act as cudnn_conv_bias_act, ConvParams as CudnnConvParams, Out as CudnnOut};
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    candidates::candidates as device_candidates,
+    candidates::candidate_rows as device_candidate_rows,
     epilogue::{bias_act, bias_act_into, bias_act_wide},
     fuse::add_upsampled,
     graph::GraphedForward,

@@ -353,6 +353,7 @@ fn bench_batch(
         let (mut t, mut on_device) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
         #[cfg(feature = "cuda")]
         let _ = det.take_jpeg_profile(); // the timed runs' own
+        let _ = det.take_step_profile();
         if let Work::E2e { prepared, .. } = &work {
             prepared.set(Duration::ZERO);
         }
@@ -368,6 +369,10 @@ fn bench_batch(
         #[cfg(feature = "cuda")]
         if let Some(p) = det.take_jpeg_profile().filter(|p| p.pictures > 0) {
             eprintln!("  nvJPEG batch {batch}, timed runs (one batch at a time, the device idle before each): {p}");
+        }
+        let step = det.take_step_profile();
+        if step.passes > 0 {
+            eprintln!("  detection step, batch {batch}, timed runs: {step}");
         }
         if let Work::E2e { prepared, .. } = &work {
             let ms = prepared.get().as_secs_f64() * 1e3 / (iters * batch).max(1) as f64;

@@ -6,6 +6,7 @@ mod ahead;
 pub mod warmup;
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 
@@ -198,6 +199,70 @@ pub struct Detector {
     /// nvJPEG for the JPEGs a feed leaves encoded ([`Detector::use_gpu_jpeg`]).
     #[cfg(feature = "cuda")]
     jpeg: std::sync::OnceLock<crate::backend::GpuJpeg>,
+    /// Where the detection step's time went ([`Detector::take_step_profile`]).
+    step: std::sync::Mutex<StepProfile>,
+}
+
+/// Host time of the detection step's parts, from the input to the detections, summed over the
+/// passes since the last [`Detector::take_step_profile`] (a batch runs one pass per input shape).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct StepProfile {
+    pub passes: usize,
+    pub pictures: usize,
+    /// The input on the device and the pass queued (a graph launch, or an eager pass's kernels;
+    /// on the CPU the whole pass).
+    pub queue: Duration,
+    /// Waiting for the pass and the score filter, and the anchors that passed copied back.
+    pub candidates: Duration,
+    /// Per-picture candidate lists made from the rows the device filter appended (CUDA).
+    pub lists: Duration,
+    /// NMS and the boxes mapped back to each picture.
+    pub nms: Duration,
+}
+
+impl std::ops::AddAssign for StepProfile {
+    fn add_assign(&mut self, o: Self) {
+        self.passes += o.passes;
+        self.pictures += o.pictures;
+        self.queue += o.queue;
+        self.candidates += o.candidates;
+        self.lists += o.lists;
+        self.nms += o.nms;
+    }
+}
+
+impl std::fmt::Display for StepProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per = |d: Duration| d.as_secs_f64() * 1e3 / self.passes.max(1) as f64;
+        write!(
+            f,
+            "ms a pass ({} passes, {} pictures): input and pass queued {:.3}, waiting for the pass and candidates copied back {:.3}, per-picture lists {:.3}, NMS and boxes {:.3}",
+            self.passes,
+            self.pictures,
+            per(self.queue),
+            per(self.candidates),
+            per(self.lists),
+            per(self.nms)
+        )
+    }
+}
+
+/// A [`StepProfile`] of one pass being timed: each lap adds the time since the last to a part.
+struct StepClock {
+    last: Instant,
+    p: StepProfile,
+}
+
+impl StepClock {
+    fn start(pictures: usize) -> Self {
+        Self { last: Instant::now(), p: StepProfile { passes: 1, pictures, ..StepProfile::default() } }
+    }
+
+    fn lap(&mut self, part: fn(&mut StepProfile) -> &mut Duration) {
+        let now = Instant::now();
+        *part(&mut self.p) += now - self.last;
+        self.last = now;
+    }
 }
 
 impl Detector {
@@ -225,7 +290,13 @@ impl Detector {
             graph: std::sync::Mutex::new(Graphs::default()),
             #[cfg(feature = "cuda")]
             jpeg: std::sync::OnceLock::new(),
+            step: std::sync::Mutex::new(StepProfile::default()),
         }
+    }
+
+    /// The detection step's host time since the last take ([`StepProfile`]).
+    pub fn take_step_profile(&self) -> StepProfile {
+        std::mem::take(&mut *self.step.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Lets passes on CUDA replay captured CUDA graphs when `[tuning] cuda_graphs` is on (off
@@ -467,10 +538,21 @@ impl Detector {
     /// best class and the threshold run on the device and only the survivors come back;
     /// elsewhere one copy of boxes, best score and class per anchor, filtered here.
     pub fn candidates(&self, raw: &Tensor, conf: f32) -> candle_core::Result<Vec<Vec<Candidate>>> {
+        self.candidates_timed(raw, conf, &mut StepClock::start(0))
+    }
+
+    /// [`Detector::candidates`], its parts timed from the output of a queued pass.
+    fn candidates_timed(&self, raw: &Tensor, conf: f32, clock: &mut StepClock) -> candle_core::Result<Vec<Vec<Candidate>>> {
+        clock.lap(|p| &mut p.queue);
         let _arena = crate::backend::serve_arena(raw.device());
         #[cfg(feature = "cuda")]
-        if let Some(r) = crate::backend::device_candidates(raw, conf) {
-            return r;
+        if let Some(r) = crate::backend::device_candidate_rows(raw, conf) {
+            let rows = r?;
+            clock.lap(|p| &mut p.candidates);
+            let (b, _, a) = raw.dims3()?;
+            let lists = postprocess::candidates_from_rows(rows.rows(), b, a);
+            clock.lap(|p| &mut p.lists);
+            return Ok(lists);
         }
         let (b, no, a) = raw.dims3()?;
         let nc = no - 4;
@@ -479,6 +561,7 @@ impl Detector {
         let cls = scores.argmax_keepdim(1)?.to_dtype(raw.dtype())?;
         let packed = Tensor::cat(&[raw.narrow(1, 0, 4)?, best, cls], 1)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
         let v = packed.flatten_all()?.to_vec1::<f32>()?;
+        clock.lap(|p| &mut p.candidates);
         Ok((0..b)
             .map(|i| {
                 let o = i * 6 * a;
@@ -516,18 +599,19 @@ impl Detector {
     }
 
     fn detect_one_shape(&self, batch: &[&Letterboxed], th: &Thresholds) -> candle_core::Result<Vec<Vec<Detection>>> {
+        let mut clock = StepClock::start(batch.len());
         let cands = {
             #[cfg(feature = "cuda")]
-            let graphed = self.graphed_pictures(batch, |raw| self.candidates(raw, th.conf));
+            let graphed = self.graphed_pictures(batch, |raw| self.candidates_timed(raw, th.conf, &mut clock));
             #[cfg(not(feature = "cuda"))]
             let graphed: Option<candle_core::Result<Vec<Vec<Candidate>>>> = None;
             match graphed {
                 Some(c) => c?,
-                None => self.candidates(&self.forward(&self.input(batch)?)?, th.conf)?,
+                None => self.candidates_timed(&self.forward(&self.input(batch)?)?, th.conf, &mut clock)?,
             }
         };
         let geometries: Vec<&LetterboxGeometry> = batch.iter().map(|lb| &lb.geometry).collect();
-        Ok(self.finish(cands, &geometries, th))
+        Ok(self.finish(cands, &geometries, th, clock))
     }
 
     /// Detections for pictures already letterboxed on the device: `x` is `(B, H, W, 3)` u8 (as
@@ -544,14 +628,15 @@ impl Detector {
             candle_core::bail!("{b} pictures of {w}x{h} with {} geometries that do not all match", geometries.len());
         }
         let pass = |t: &Tensor, out: Option<&Tensor>| self.pictures_pass(t, out);
-        let cands = match self.graphed(x, &pass, |raw| self.candidates(raw, th.conf)) {
+        let mut clock = StepClock::start(b);
+        let cands = match self.graphed(x, &pass, |raw| self.candidates_timed(raw, th.conf, &mut clock)) {
             Some(c) => c?,
             None => {
                 let _arena = crate::backend::serve_arena(self.device());
-                self.candidates(&pass(x, None)?, th.conf)?
+                self.candidates_timed(&pass(x, None)?, th.conf, &mut clock)?
             }
         };
-        Ok(self.finish(cands, geometries, th))
+        Ok(self.finish(cands, geometries, th, clock))
     }
 
     /// Sets up who decodes the JPEGs a feed leaves encoded: nvJPEG with `lanes` decoders where
@@ -782,14 +867,24 @@ impl Detector {
     /// NMS and mapping back to each picture: per picture on rayon's pool (a crowded scene, or an
     /// untrained model where every anchor is a candidate, costs milliseconds per picture, which
     /// would add up serially).
-    fn finish(&self, cands: Vec<Vec<Candidate>>, geometries: &[&LetterboxGeometry], th: &Thresholds) -> Vec<Vec<Detection>> {
+    fn finish(
+        &self,
+        cands: Vec<Vec<Candidate>>,
+        geometries: &[&LetterboxGeometry],
+        th: &Thresholds,
+        mut clock: StepClock,
+    ) -> Vec<Vec<Detection>> {
         let names = &self.info().names;
         let finish = |(c, g): (Vec<Candidate>, &&LetterboxGeometry)| postprocess::finish(c, th, g, names);
-        if cands.len() == 1 {
-            return cands.into_iter().zip(geometries).map(finish).collect();
-        }
-        use rayon::prelude::*;
-        cands.into_par_iter().zip(geometries.par_iter()).map(finish).collect()
+        let out = if cands.len() == 1 {
+            cands.into_iter().zip(geometries).map(finish).collect()
+        } else {
+            use rayon::prelude::*;
+            cands.into_par_iter().zip(geometries.par_iter()).map(finish).collect()
+        };
+        clock.lap(|p| &mut p.nms);
+        *self.step.lock().unwrap_or_else(|p| p.into_inner()) += clock.p;
+        out
     }
 }
 

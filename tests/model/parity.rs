@@ -149,8 +149,8 @@ fn real_checkpoint_detections_match_reference() {
 }
 
 /// A batch of pictures of different rect shapes (two of one shape, one of another, in mixed
-/// order) gives each picture the detections it gets alone, in batch order; an empty batch gives
-/// none.
+/// order) gives each picture the detections it gets alone, in batch order, in a pass per shape;
+/// an empty batch gives none.
 #[test]
 fn mixed_shape_batches_give_each_picture_its_own_detections() {
     let det = real_model(DType::F32);
@@ -167,8 +167,14 @@ fn mixed_shape_batches_give_each_picture_its_own_detections() {
     assert_eq!(shapes, [(640, 384), (640, 448), (640, 384)]);
     let alone: Vec<_> = lbs.iter().map(|lb| det.detect(&[lb], &th).unwrap().remove(0)).collect();
     assert!(alone[0].len() + alone[2].len() > 0, "the court pictures have boxes at conf 0.01");
+    let _ = det.take_step_profile();
     let together = det.detect(&lbs.iter().collect::<Vec<_>>(), &th).unwrap();
     assert_eq!(together.len(), 3);
+    // one pass per shape, each part of the step timed; a take starts the sums over
+    let step = det.take_step_profile();
+    assert_eq!((step.passes, step.pictures), (2, 3));
+    assert!([step.queue, step.candidates, step.nms].iter().all(|d| !d.is_zero()), "{step:?}");
+    assert_eq!(det.take_step_profile(), yolo_edge::detector::StepProfile::default());
     for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
         assert_eq!(t.len(), a.len(), "picture {i}");
         for (x, y) in t.iter().zip(a) {

@@ -19,21 +19,35 @@ const ROW: usize = postprocess::DEVICE_ROW;
 /// the usual thresholds have. A batch with more takes a second copy for the rest.
 const FIRST_ROWS: usize = 1024;
 
-/// Candidates above `conf` for every picture of a raw output `(B, 4 + nc, A)` on a CUDA device,
-/// each picture's in anchor order; `None` when `raw` is not on a CUDA device.
-pub fn candidates(raw: &Tensor, conf: f32) -> Option<candle_core::Result<Vec<Vec<Candidate>>>> {
+/// The anchors of a batch that passed the device's score filter, as the device wrote them.
+pub struct SurvivorRows {
+    /// A header row, then a row per survivor.
+    copied: Vec<f32>,
+}
+
+impl SurvivorRows {
+    /// Rows of [`postprocess::DEVICE_ROW`] floats in the order the device appended them
+    /// ([`postprocess::candidates_from_rows`] makes the per-picture lists).
+    pub fn rows(&self) -> &[f32] {
+        self.copied.get(ROW..).unwrap_or_default()
+    }
+}
+
+/// The anchors above `conf` of a raw output `(B, 4 + nc, A)` on a CUDA device; `None` when `raw`
+/// is not on a CUDA device.
+pub fn candidate_rows(raw: &Tensor, conf: f32) -> Option<candle_core::Result<SurvivorRows>> {
     let Device::Cuda(dev) = raw.device() else { return None };
     Some(run(dev, raw, conf))
 }
 
-fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::Result<Vec<Vec<Candidate>>> {
+fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::Result<SurvivorRows> {
     let (b, no, a) = raw.dims3()?;
     if no < 5 {
         candle_core::bail!("candidates: raw output has {no} rows, fewer than 4 box rows and one class");
     }
     let total = b * a;
     if total == 0 {
-        return Ok(vec![Vec::new(); b]);
+        return Ok(SurvivorRows { copied: Vec::new() });
     }
     if raw.elem_count() > u32::MAX as usize || (total + 1) * ROW > u32::MAX as usize {
         candle_core::bail!("candidates: {b} pictures x {a} anchors is more than one launch indexes");
@@ -80,7 +94,7 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, conf: f32) -> candle_core::R
     if n > first {
         rows.extend(dev.clone_dtoh(&out.slice((1 + first) * ROW..(1 + n) * ROW))?);
     }
-    Ok(postprocess::candidates_from_rows(&rows[ROW..], b, a))
+    Ok(SurvivorRows { copied: rows })
 }
 
 /// The device filter against a plain host filter over raw outputs made on the host, f32 and
@@ -125,7 +139,7 @@ pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_c
                         .collect()
                 })
                 .collect();
-            let got = run(dev, &on_device, conf)?;
+            let got = postprocess::candidates_from_rows(run(dev, &on_device, conf)?.rows(), b, a);
             let mut differing = 0u64;
             for (g, w) in got.iter().zip(&want) {
                 differing += g.iter().zip(w).filter(|(x, y)| x != y).count() as u64 + g.len().abs_diff(w.len()) as u64;
