@@ -212,9 +212,11 @@ pub struct StepProfile {
     /// The input on the device and the pass queued (a graph launch, or an eager pass's kernels;
     /// on the CPU the whole pass).
     pub queue: Duration,
-    /// Waiting for the pass and the score filter, and the anchors that passed copied back.
+    /// Waiting for the pass and the score filter, and the anchors that passed copied back (on
+    /// the CPU: boxes, best score and class of every anchor gathered).
     pub candidates: Duration,
-    /// Per-picture candidate lists made from the rows the device filter appended (CUDA).
+    /// Per-picture candidate lists: from the rows the device filter appended (CUDA), or the
+    /// score threshold applied here (CPU).
     pub lists: Duration,
     /// NMS and the boxes mapped back to each picture.
     pub nms: Duration,
@@ -562,7 +564,7 @@ impl Detector {
         let packed = Tensor::cat(&[raw.narrow(1, 0, 4)?, best, cls], 1)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
         let v = packed.flatten_all()?.to_vec1::<f32>()?;
         clock.lap(|p| &mut p.candidates);
-        Ok((0..b)
+        let lists = (0..b)
             .map(|i| {
                 let o = i * 6 * a;
                 (0..a)
@@ -574,7 +576,9 @@ impl Detector {
                     })
                     .collect()
             })
-            .collect())
+            .collect();
+        clock.lap(|p| &mut p.lists);
+        Ok(lists)
     }
 
     /// Detections for a batch of letterboxed pictures, in each picture's original pixels, in

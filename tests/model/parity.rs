@@ -173,7 +173,7 @@ fn mixed_shape_batches_give_each_picture_its_own_detections() {
     // one pass per shape, each part of the step timed; a take starts the sums over
     let step = det.take_step_profile();
     assert_eq!((step.passes, step.pictures), (2, 3));
-    assert!([step.queue, step.candidates, step.nms].iter().all(|d| !d.is_zero()), "{step:?}");
+    assert!([step.queue, step.candidates, step.lists, step.nms].iter().all(|d| !d.is_zero()), "{step:?}");
     assert_eq!(det.take_step_profile(), yolo_edge::detector::StepProfile::default());
     for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
         assert_eq!(t.len(), a.len(), "picture {i}");
