@@ -257,7 +257,7 @@ pub struct JpegProfile {
     pub parse: Duration,
     /// The decode calls themselves (they queue the work and return).
     pub decode: Duration,
-    /// Waiting for the device to finish decoding.
+    /// Waiting for the device to finish decoding (and letterboxing, queued behind the decode).
     pub wait: Duration,
     /// Queueing the letterbox.
     pub letterbox: Duration,
@@ -447,7 +447,8 @@ impl GpuJpeg {
     /// [`Fit::Rect`] pictures by shape): an error otherwise. When no picture's header is readable
     /// the input is `size x size`.
     ///
-    /// Returns once nvJPEG is done with `pictures`; the letterbox runs on the device's stream.
+    /// Returns once nvJPEG is done with `pictures`, when the device's stream has run the decode
+    /// and the letterbox behind it.
     pub fn decode_letterbox(&self, pictures: &[&[u8]], size: u32, fit: Fit, limits: &DecodeLimits) -> candle_core::Result<Decoded> {
         self.decode_letterbox_inner(pictures, None, size, fit, limits)
     }
@@ -520,6 +521,39 @@ impl GpuJpeg {
         // SAFETY: every slot (all `total` bytes) is written by one of the launches below.
         let mut out = unsafe { self.dev.alloc::<u8>(total)? };
         let mut results: Vec<Result<LetterboxGeometry, Fallback>> = Vec::with_capacity(b);
+        let queued = self.queue_rounds(&mut inner, pictures, &plans, (in_w, in_h), &mut out, &mut results, &mut prof);
+        // nvJPEG may read the host bitstreams until its work on the stream is done: waited for on
+        // every path, after the letterbox is queued behind the decode (its launch overlaps the
+        // decode)
+        let t = Instant::now();
+        let waited = stream.synchronize().w();
+        prof.wait += t.elapsed();
+        drop(inner);
+        queued?;
+        waited?;
+        *self.profile.lock().unwrap_or_else(|p| p.into_inner()) += prof;
+        let storage = candle_core::CudaStorage::wrap_cuda_slice(out, self.dev.clone());
+        let shape = candle_core::Shape::from((b, in_h as usize, in_w as usize, 3));
+        let x = Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false);
+        Ok((x, results))
+    }
+
+    /// Queues the decode and the letterbox of `pictures` into `out`, in rounds of at most
+    /// [`ROUND_BYTES`] decoded, with per picture its geometry or why it was not decoded here
+    /// into `results`. The caller waits for the stream before the bitstreams go.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_rounds(
+        &self,
+        inner: &mut Inner,
+        pictures: &[&[u8]],
+        plans: &[Plan],
+        (in_w, in_h): (u32, u32),
+        out: &mut CudaSlice<u8>,
+        results: &mut Vec<Result<LetterboxGeometry, Fallback>>,
+        prof: &mut JpegProfile,
+    ) -> candle_core::Result<()> {
+        let b = pictures.len();
+        let stream = self.dev.cuda_stream();
         let mut start = 0;
         while start < b {
             // one round: consecutive pictures whose decoded bytes fit ROUND_BYTES (at least one)
@@ -566,10 +600,6 @@ impl GpuJpeg {
                 self.decode_round(default, hardware.as_mut(), &pictures[round.clone()], &mut sources, &samplings, buf)?;
             prof.parse += parse;
             prof.decode += t.elapsed().saturating_sub(parse);
-            // nvJPEG may read the host bitstreams until its work on the stream is done
-            let t = Instant::now();
-            stream.synchronize().w()?;
-            prof.wait += t.elapsed();
             let mut slots = Vec::with_capacity(sources.len());
             for ((plan, src), dec) in plans[round.clone()].iter().zip(&sources).zip(decoded) {
                 let r = match (plan, src, dec) {
@@ -587,17 +617,12 @@ impl GpuJpeg {
                 results.push(r);
             }
             let t = Instant::now();
-            letterbox.run(&self.dev, buf, &slots, round.start, (in_w, in_h), &mut out)?;
+            letterbox.run(&self.dev, buf, &slots, round.start, (in_w, in_h), out)?;
             *read = Some(stream.record_event(None).w()?);
             prof.letterbox += t.elapsed();
             start = round.end;
         }
-        drop(inner);
-        *self.profile.lock().unwrap_or_else(|p| p.into_inner()) += prof;
-        let storage = candle_core::CudaStorage::wrap_cuda_slice(out, self.dev.clone());
-        let shape = candle_core::Shape::from((b, in_h as usize, in_w as usize, 3));
-        let x = Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false);
-        Ok((x, results))
+        Ok(())
     }
 
     /// Whether nvJPEG is to decode `bytes`, after the host decoder's own checks and nvJPEG's
