@@ -713,14 +713,14 @@ impl Detector {
         #[cfg(feature = "cuda")]
         let jpegs = match self.jpeg.get() {
             Some(gpu) if !jpegs.is_empty() => {
-                let groups = match decoded.filter(|d| d.made_for(&jpegs, batch.len())) {
-                    Some(d) => d.groups,
-                    None => {
-                        let _arena = crate::backend::serve_arena(self.device());
-                        self.decode_groups(gpu, &jpegs, limits)?
+                match decoded.filter(|d| d.made_for(&jpegs, batch.len())) {
+                    Some(d) => {
+                        for group in d.groups {
+                            self.detect_decoded(gpu, group, &jpegs, th, limits, &mut out)?;
+                        }
                     }
-                };
-                self.detect_decoded(gpu, groups, &jpegs, th, limits, &mut out)?;
+                    None => self.decode_and_detect(gpu, &jpegs, th, limits, &mut out)?,
+                }
                 Vec::new()
             }
             _ => jpegs,
@@ -793,77 +793,108 @@ impl Detector {
         jpegs: &[Encoded<'_>],
         limits: &DecodeLimits,
     ) -> candle_core::Result<Vec<DecodedGroup>> {
-        let groups = preprocess::group_positions(jpegs.iter().map(|j| (j.geometry.in_w, j.geometry.in_h, j.fit)));
-        let mut out = Vec::with_capacity(groups.len());
-        for ((_, _, fit), positions) in groups {
-            let bytes: Vec<&[u8]> = positions.iter().map(|&k| jpegs[k].bytes).collect();
-            // the feed checked each header: the stored size is the geometry's original size
-            let sizes: Vec<(u32, u32)> = positions.iter().map(|&k| (jpegs[k].geometry.orig_w, jpegs[k].geometry.orig_h)).collect();
-            let (x, decoded) = gpu.decode_letterbox_checked(&bytes, &sizes, self.imgsz as u32, fit, limits)?;
-            out.push(DecodedGroup {
-                pictures: positions.iter().map(|&k| (jpegs[k].at, jpegs[k].bytes.as_ptr() as usize)).collect(),
-                x,
-                decoded,
-            });
-        }
+        let mut out = Vec::new();
+        self.decode_groups_then(gpu, jpegs, limits, |g| {
+            out.push(g);
+            Ok(())
+        })?;
         Ok(out)
     }
 
-    /// Passes over decoded JPEG groups; a picture nvJPEG did not take is decoded on the host
-    /// into its slot first. Results into `out` at each one's position.
+    /// The JPEGs of a batch through nvJPEG, the device letterbox and a pass, one per shape; each
+    /// pass is queued while its decode runs. Results into `out` at each one's position.
     #[cfg(feature = "cuda")]
-    fn detect_decoded(
+    fn decode_and_detect(
         &self,
         gpu: &crate::backend::GpuJpeg,
-        groups: Vec<DecodedGroup>,
         jpegs: &[Encoded<'_>],
         th: &Thresholds,
         limits: &DecodeLimits,
         out: &mut [Option<Result<Vec<Detection>, ImageError>>],
     ) -> candle_core::Result<()> {
         let _arena = crate::backend::serve_arena(self.device());
-        for DecodedGroup { pictures, x, decoded } in groups {
-            let mut geometries = Vec::with_capacity(pictures.len());
-            for (k, (&(at, _), r)) in pictures.iter().zip(decoded).enumerate() {
-                let Some(j) = jpegs.binary_search_by_key(&at, |j| j.at).ok().map(|i| &jpegs[i]) else {
-                    candle_core::bail!("decoded JPEG at {at} is not in the batch");
-                };
-                let why = match r {
-                    Ok(g) => {
-                        geometries.push(g);
-                        continue;
-                    }
-                    Err(why) => why,
-                };
-                tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
-                let g = j.geometry;
-                match j.on_host(self.imgsz as u32, limits) {
-                    Ok(lb) if (lb.geometry.in_w, lb.geometry.in_h) == (g.in_w, g.in_h) => {
-                        gpu.write_slot(&x, k, &lb)?;
-                        geometries.push(lb.geometry);
-                    }
-                    // the slot's shape is the one the feed's header check gave: a picture that
-                    // decodes to another is this picture's error, not the batch's
-                    decoded => {
-                        let e = decoded.map_or_else(
-                            |e| e,
-                            |lb| ImageError::Corrupt {
-                                format: "JPEG".into(),
-                                reason: format!(
-                                    "decoded as {}x{}, its header read as {}x{}",
-                                    lb.geometry.orig_w, lb.geometry.orig_h, g.orig_w, g.orig_h
-                                ),
-                            },
-                        );
-                        out[j.at] = Some(Err(e));
-                        geometries.push(*g);
-                    }
+        self.decode_groups_then(gpu, jpegs, limits, |g| self.detect_decoded(gpu, g, jpegs, th, limits, out))
+    }
+
+    /// Each input shape's JPEGs through nvJPEG and the device letterbox, handed to `then` as soon
+    /// as their decode is queued ([`GpuJpeg::decode_letterbox_then`]); returns once nvJPEG is done
+    /// with all of them.
+    ///
+    /// [`GpuJpeg::decode_letterbox_then`]: crate::backend::GpuJpeg::decode_letterbox_then
+    #[cfg(feature = "cuda")]
+    fn decode_groups_then(
+        &self,
+        gpu: &crate::backend::GpuJpeg,
+        jpegs: &[Encoded<'_>],
+        limits: &DecodeLimits,
+        mut then: impl FnMut(DecodedGroup) -> candle_core::Result<()>,
+    ) -> candle_core::Result<()> {
+        let groups = preprocess::group_positions(jpegs.iter().map(|j| (j.geometry.in_w, j.geometry.in_h, j.fit)));
+        for ((_, _, fit), positions) in groups {
+            let bytes: Vec<&[u8]> = positions.iter().map(|&k| jpegs[k].bytes).collect();
+            // the feed checked each header: the stored size is the geometry's original size
+            let sizes: Vec<(u32, u32)> = positions.iter().map(|&k| (jpegs[k].geometry.orig_w, jpegs[k].geometry.orig_h)).collect();
+            gpu.decode_letterbox_then(&bytes, &sizes, self.imgsz as u32, fit, limits, |(x, decoded)| {
+                let pictures = positions.iter().map(|&k| (jpegs[k].at, jpegs[k].bytes.as_ptr() as usize)).collect();
+                then(DecodedGroup { pictures, x, decoded })
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A pass over one decoded JPEG group; a picture nvJPEG did not take is decoded on the host
+    /// into its slot first. Results into `out` at each one's position.
+    #[cfg(feature = "cuda")]
+    fn detect_decoded(
+        &self,
+        gpu: &crate::backend::GpuJpeg,
+        DecodedGroup { pictures, x, decoded }: DecodedGroup,
+        jpegs: &[Encoded<'_>],
+        th: &Thresholds,
+        limits: &DecodeLimits,
+        out: &mut [Option<Result<Vec<Detection>, ImageError>>],
+    ) -> candle_core::Result<()> {
+        let _arena = crate::backend::serve_arena(self.device());
+        let mut geometries = Vec::with_capacity(pictures.len());
+        for (k, (&(at, _), r)) in pictures.iter().zip(decoded).enumerate() {
+            let Some(j) = jpegs.binary_search_by_key(&at, |j| j.at).ok().map(|i| &jpegs[i]) else {
+                candle_core::bail!("decoded JPEG at {at} is not in the batch");
+            };
+            let why = match r {
+                Ok(g) => {
+                    geometries.push(g);
+                    continue;
+                }
+                Err(why) => why,
+            };
+            tracing::debug!(reason = %why, "nvJPEG did not take a picture; decoding it on the host");
+            let g = j.geometry;
+            match j.on_host(self.imgsz as u32, limits) {
+                Ok(lb) if (lb.geometry.in_w, lb.geometry.in_h) == (g.in_w, g.in_h) => {
+                    gpu.write_slot(&x, k, &lb)?;
+                    geometries.push(lb.geometry);
+                }
+                // the slot's shape is the one the feed's header check gave: a picture that
+                // decodes to another is this picture's error, not the batch's
+                decoded => {
+                    let e = decoded.map_or_else(
+                        |e| e,
+                        |lb| ImageError::Corrupt {
+                            format: "JPEG".into(),
+                            reason: format!(
+                                "decoded as {}x{}, its header read as {}x{}",
+                                lb.geometry.orig_w, lb.geometry.orig_h, g.orig_w, g.orig_h
+                            ),
+                        },
+                    );
+                    out[j.at] = Some(Err(e));
+                    geometries.push(*g);
                 }
             }
-            let refs: Vec<&LetterboxGeometry> = geometries.iter().collect();
-            for (d, &(at, _)) in self.detect_uploaded(&x, &refs, th)?.into_iter().zip(&pictures) {
-                out[at].get_or_insert(Ok(d));
-            }
+        }
+        let refs: Vec<&LetterboxGeometry> = geometries.iter().collect();
+        for (d, &(at, _)) in self.detect_uploaded(&x, &refs, th)?.into_iter().zip(&pictures) {
+            out[at].get_or_insert(Ok(d));
         }
         Ok(())
     }

@@ -450,7 +450,7 @@ impl GpuJpeg {
     /// Returns once nvJPEG is done with `pictures`, when the device's stream has run the decode
     /// and the letterbox behind it.
     pub fn decode_letterbox(&self, pictures: &[&[u8]], size: u32, fit: Fit, limits: &DecodeLimits) -> candle_core::Result<Decoded> {
-        self.decode_letterbox_inner(pictures, None, size, fit, limits)
+        self.decode_letterbox_inner(pictures, None, size, fit, limits, Ok)
     }
 
     /// [`Self::decode_letterbox`] of JPEGs whose headers the caller has already checked with
@@ -466,20 +466,37 @@ impl GpuJpeg {
         fit: Fit,
         limits: &DecodeLimits,
     ) -> candle_core::Result<Decoded> {
-        if sizes.len() != pictures.len() {
-            candle_core::bail!("decode_letterbox_checked: {} pictures with {} sizes", pictures.len(), sizes.len());
-        }
-        self.decode_letterbox_inner(pictures, Some(sizes), size, fit, limits)
+        self.decode_letterbox_then(pictures, sizes, size, fit, limits, Ok)
     }
 
-    fn decode_letterbox_inner(
+    /// [`Self::decode_letterbox_checked`] with `then` run on the decoded input as soon as the
+    /// decode and the letterbox are queued, before the wait for nvJPEG: work `then` queues on the
+    /// device's stream (a pass) is launched while the decode runs. Returns `then`'s result once
+    /// nvJPEG is done with `pictures`; the decoder's lane stays taken until then.
+    pub fn decode_letterbox_then<R>(
+        &self,
+        pictures: &[&[u8]],
+        sizes: &[(u32, u32)],
+        size: u32,
+        fit: Fit,
+        limits: &DecodeLimits,
+        then: impl FnOnce(Decoded) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        if sizes.len() != pictures.len() {
+            candle_core::bail!("decode_letterbox: {} pictures with {} sizes", pictures.len(), sizes.len());
+        }
+        self.decode_letterbox_inner(pictures, Some(sizes), size, fit, limits, then)
+    }
+
+    fn decode_letterbox_inner<R>(
         &self,
         pictures: &[&[u8]],
         checked: Option<&[(u32, u32)]>,
         size: u32,
         fit: Fit,
         limits: &DecodeLimits,
-    ) -> candle_core::Result<Decoded> {
+        then: impl FnOnce(Decoded) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
         if size == 0 || pictures.is_empty() {
             candle_core::bail!("decode_letterbox: {} pictures at size {size}", pictures.len());
         }
@@ -522,20 +539,22 @@ impl GpuJpeg {
         let mut out = unsafe { self.dev.alloc::<u8>(total)? };
         let mut results: Vec<Result<LetterboxGeometry, Fallback>> = Vec::with_capacity(b);
         let queued = self.queue_rounds(&mut inner, pictures, &plans, (in_w, in_h), &mut out, &mut results, &mut prof);
+        let r = queued.and_then(|()| {
+            let storage = candle_core::CudaStorage::wrap_cuda_slice(out, self.dev.clone());
+            let shape = candle_core::Shape::from((b, in_h as usize, in_w as usize, 3));
+            let x = Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false);
+            then((x, results))
+        });
         // nvJPEG may read the host bitstreams until its work on the stream is done: waited for on
-        // every path, after the letterbox is queued behind the decode (its launch overlaps the
-        // decode)
+        // every path, after the letterbox (and `then`'s work) is queued behind the decode
         let t = Instant::now();
         let waited = stream.synchronize().w();
         prof.wait += t.elapsed();
         drop(inner);
-        queued?;
-        waited?;
         *self.profile.lock().unwrap_or_else(|p| p.into_inner()) += prof;
-        let storage = candle_core::CudaStorage::wrap_cuda_slice(out, self.dev.clone());
-        let shape = candle_core::Shape::from((b, in_h as usize, in_w as usize, 3));
-        let x = Tensor::from_storage(candle_core::Storage::Cuda(storage), shape, candle_core::op::BackpropOp::none(), false);
-        Ok((x, results))
+        let r = r?;
+        waited?;
+        Ok(r)
     }
 
     /// Queues the decode and the letterbox of `pictures` into `out`, in rounds of at most
