@@ -257,7 +257,8 @@ pub struct JpegProfile {
     pub parse: Duration,
     /// The decode calls themselves (they queue the work and return).
     pub decode: Duration,
-    /// Waiting for the device to finish decoding (and letterboxing, queued behind the decode).
+    /// Waiting for the device to finish decoding (and letterboxing, queued behind the decode);
+    /// near zero where [`GpuJpeg::decode_letterbox_then`]'s work waited for it already.
     pub wait: Duration,
     /// Queueing the letterbox.
     pub letterbox: Duration,
