@@ -459,21 +459,11 @@ impl GpuJpeg {
     /// height it read for each, and only nvJPEG's own reading of the header is compared with it.
     /// A feed checks headers on all cores ahead of the model; checking them again here, on the
     /// one thread that feeds the GPU, would cost that thread as much as the decode.
-    pub fn decode_letterbox_checked(
-        &self,
-        pictures: &[&[u8]],
-        sizes: &[(u32, u32)],
-        size: u32,
-        fit: Fit,
-        limits: &DecodeLimits,
-    ) -> candle_core::Result<Decoded> {
-        self.decode_letterbox_then(pictures, sizes, size, fit, limits, Ok)
-    }
-
-    /// [`Self::decode_letterbox_checked`] with `then` run on the decoded input as soon as the
-    /// decode and the letterbox are queued, before the wait for nvJPEG: work `then` queues on the
-    /// device's stream (a pass) is launched while the decode runs. Returns `then`'s result once
-    /// nvJPEG is done with `pictures`; the decoder's lane stays taken until then.
+    ///
+    /// `then` runs on the decoded input as soon as the decode and the letterbox are queued,
+    /// before the wait for nvJPEG: work `then` queues on the device's stream (a pass) is launched
+    /// while the decode runs. Returns `then`'s result once nvJPEG is done with `pictures`; the
+    /// decoder's lane stays taken until then.
     pub fn decode_letterbox_then<R>(
         &self,
         pictures: &[&[u8]],
