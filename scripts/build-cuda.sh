@@ -43,6 +43,12 @@ if [ -n "$AARCH64" ]; then
   SUFFIX="-aarch64$SUFFIX"
 fi
 case "$CAP" in 80|86|87|89|90) ;; *) echo "unsupported compute capability '$CAP' (80 86 87 89 90)" >&2; exit 2;; esac
+# libjpeg-turbo (turbojpeg-sys) is built from its bundled source: cmake, and nasm for its x86-64 SIMD
+TOOLS=(cmake)
+[ -n "$AARCH64" ] || TOOLS+=(nasm)
+for tool in "${TOOLS[@]}"; do
+  command -v "$tool" >/dev/null || { echo "build-cuda.sh: '$tool' not found; libjpeg-turbo is built from source (apt-get install cmake nasm)" >&2; exit 1; }
+done
 PREFIX="${CUDA_WHEEL_PREFIX:-/opt/cuda-13.0-wheels}"
 if [ -n "$CUDNN" ]; then
   # the toolchain without cuDNN (a plain setup run) cannot link the cuDNN build

@@ -80,18 +80,21 @@ pub fn candidates_from_rows(rows: &[f32], pictures: usize, anchors: usize) -> Ve
             }
         }
     }
-    at.par_chunks(anchors)
-        .map(|slots| {
-            slots
-                .iter()
-                .filter(|&&i| i != NONE)
-                .map(|&i| {
-                    let r = &rows[i as usize * DEVICE_ROW..][..DEVICE_ROW];
-                    Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }
-                })
-                .collect()
-        })
-        .collect()
+    let list = |slots: &[u32]| -> Vec<Candidate> {
+        slots
+            .iter()
+            .filter(|&&i| i != NONE)
+            .map(|&i| {
+                let r = &rows[i as usize * DEVICE_ROW..][..DEVICE_ROW];
+                Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }
+            })
+            .collect()
+    };
+    if pictures == 1 {
+        // a batch of one (the latency path) is not worth waking the pool
+        return vec![list(&at)];
+    }
+    at.par_chunks(anchors).map(list).collect()
 }
 
 /// Kept boxes a lane group holds: one AVX-512 register of f32, two AVX2 registers, four SSE or
@@ -182,6 +185,30 @@ impl KeptBoxes {
     }
 }
 
+/// Class ids below this have their kept boxes in a table indexed by id (a model's ids are
+/// `0..nc`); ids above it, which only a broken model gives, in a map.
+const DENSE_CLASSES: usize = 4096;
+
+/// The kept boxes of each class.
+#[derive(Default)]
+struct KeptByClass {
+    dense: Vec<KeptBoxes>,
+    sparse: HashMap<usize, KeptBoxes>,
+}
+
+impl KeptByClass {
+    fn of(&mut self, class: usize) -> &mut KeptBoxes {
+        if class < DENSE_CLASSES {
+            if class >= self.dense.len() {
+                self.dense.resize_with(class + 1, KeptBoxes::default);
+            }
+            &mut self.dense[class]
+        } else {
+            self.sparse.entry(class).or_default()
+        }
+    }
+}
+
 fn area(b: &[f32; 4]) -> f32 {
     (b[2] - b[0]) * (b[3] - b[1])
 }
@@ -206,7 +233,7 @@ pub fn nms(cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])>
     // most max_det), and the pass stops at max_det kept: a crowded picture, or an untrained model
     // with every anchor a candidate, has thousands of candidates but needs only the first few
     // hundred visited
-    let mut kept_of_class: HashMap<usize, KeptBoxes> = HashMap::new();
+    let mut kept_of_class = KeptByClass::default();
     let mut kept = Vec::with_capacity(th.max_det.min(order.len()));
     for key in order {
         if kept.len() >= th.max_det {
@@ -217,7 +244,7 @@ pub fn nms(cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])>
         let xyxy = [x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0];
         let o = c.class_id as f32 * MAX_WH;
         let shifted = xyxy.map(|v| v + o);
-        let same = kept_of_class.entry(c.class_id).or_default();
+        let same = kept_of_class.of(c.class_id);
         if same.overlaps(&shifted, th.iou) {
             continue;
         }
@@ -366,6 +393,8 @@ mod tests {
         for (n, classes, max_det, conf) in [
             (3000, 5, 300, 0.1),
             (2000, 80, 300, 0.1),
+            // ids past the table of classes (a broken model's)
+            (3000, 2 * DENSE_CLASSES, 300, 0.1),
             (8400, 1, 300, 0.1),
             (500, 2, 7, 0.1),
             (800, 3, 1, 0.1),
@@ -394,6 +423,22 @@ mod tests {
             };
             assert_eq!(bits(&fast), bits(&slow), "{n} candidates, {classes} classes, max_det {max_det}, conf {conf}");
         }
+    }
+
+    #[test]
+    fn only_the_best_max_nms_candidates_enter_nms() {
+        // 30005 copies of one box, then five apart from it with the lowest scores: the five are
+        // past the reference's max_nms and never kept
+        let mut cands: Vec<Candidate> =
+            (0..MAX_NMS + 5).map(|i| Candidate { xywh: [50.0, 50.0, 20.0, 20.0], score: 0.9 - i as f32 * 1e-5, class_id: 0 }).collect();
+        for (k, c) in cands.iter_mut().rev().take(5).enumerate() {
+            c.xywh = [200.0 + 50.0 * k as f32, 50.0, 20.0, 20.0];
+        }
+        cands.reverse();
+        let th = Thresholds { conf: 0.1, iou: 0.7, max_det: 300 };
+        let kept = nms(cands.clone(), &th);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept, nms_one_pass(cands, &th));
     }
 
     #[test]
