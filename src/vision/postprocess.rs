@@ -71,30 +71,31 @@ pub fn candidates_from_rows(rows: &[f32], pictures: usize, anchors: usize) -> Ve
         _ => return vec![Vec::new(); pictures],
     };
     let mut at = vec![NONE; slots];
+    // rows placed per picture: each list is allocated once, at its size
+    let mut placed = vec![0usize; pictures];
     for (i, r) in rows.chunks_exact(DEVICE_ROW).enumerate() {
         let (pic, anchor) = (r[6] as usize, r[7] as usize);
         if pic < pictures && anchor < anchors && i < NONE as usize {
             let slot = &mut at[pic * anchors + anchor];
             if *slot == NONE {
                 *slot = i as u32;
+                placed[pic] += 1;
             }
         }
     }
-    let list = |slots: &[u32]| -> Vec<Candidate> {
-        slots
-            .iter()
-            .filter(|&&i| i != NONE)
-            .map(|&i| {
-                let r = &rows[i as usize * DEVICE_ROW..][..DEVICE_ROW];
-                Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }
-            })
-            .collect()
+    let list = |(slots, &n): (&[u32], &usize)| -> Vec<Candidate> {
+        let mut list = Vec::with_capacity(n);
+        list.extend(slots.iter().filter(|&&i| i != NONE).map(|&i| {
+            let r = &rows[i as usize * DEVICE_ROW..][..DEVICE_ROW];
+            Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize }
+        }));
+        list
     };
     if pictures == 1 {
         // a batch of one (the latency path) is not worth waking the pool
-        return vec![list(&at)];
+        return vec![list((&at, &placed[0]))];
     }
-    at.par_chunks(anchors).map(list).collect()
+    at.par_chunks(anchors).zip(placed.par_iter()).map(list).collect()
 }
 
 /// Kept boxes a lane group holds: one AVX-512 register of f32, two AVX2 registers, four SSE or
@@ -218,13 +219,15 @@ fn area(b: &[f32; 4]) -> f32 {
 pub fn nms(cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])> {
     // score order, descending, ties in candidate (anchor) order, as the reference's stable
     // argsort: one key a candidate, the score's total order above its position
-    let mut order: Vec<u64> = cands
-        .iter()
-        .take(u32::MAX as usize)
-        .enumerate()
-        .filter(|(_, c)| c.score > th.conf && c.score.is_finite())
-        .map(|(i, c)| (u64::from(!total_order_bits(c.score)) << 32) | i as u64)
-        .collect();
+    let mut order: Vec<u64> = Vec::with_capacity(cands.len().min(u32::MAX as usize));
+    order.extend(
+        cands
+            .iter()
+            .take(u32::MAX as usize)
+            .enumerate()
+            .filter(|(_, c)| c.score > th.conf && c.score.is_finite())
+            .map(|(i, c)| (u64::from(!total_order_bits(c.score)) << 32) | i as u64),
+    );
     order.sort_unstable();
     order.truncate(MAX_NMS);
     // greedy NMS in score order: a candidate survives unless a box kept before it overlaps it by
