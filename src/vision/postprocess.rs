@@ -165,21 +165,15 @@ impl KeptBoxes {
     /// into vector instructions of the calling function's features (every operation is IEEE's,
     /// so the lanes give what a scalar loop gives).
     ///
-    /// `f32::min` and `f32::max` return the operand that is not NaN, which takes a compare and
-    /// a blend beside the vector min or max. When none of `b`'s sides is NaN (any box a model
-    /// that works gives), `if k < s { k } else { s }` with `s` a side of `b` answers the same
-    /// (a NaN `k` fails the compare and gives `s`) in one vector instruction.
+    /// The sides are compared with `if k < s { k } else { s }` (one vector instruction, where
+    /// `f32::min` needs a compare and a blend beside it to return the operand that is not NaN).
+    /// The answers are `f32::min`'s and `f32::max`'s: a NaN side `k` of a kept box fails the
+    /// compare and gives `b`'s side `s`, and where `b` has a NaN side its area is NaN, so every
+    /// lane's IoU is NaN and overlaps nothing either way.
     #[inline(always)]
     fn overlaps_lanes(&self, b: &[f32; 4], iou: f32) -> bool {
-        if b.iter().any(|v| v.is_nan()) {
-            self.overlaps_with(b, iou, f32::min, f32::max)
-        } else {
-            self.overlaps_with(b, iou, |k, s| if k < s { k } else { s }, |k, s| if k > s { k } else { s })
-        }
-    }
-
-    #[inline(always)]
-    fn overlaps_with(&self, b: &[f32; 4], iou: f32, min: impl Fn(f32, f32) -> f32, max: impl Fn(f32, f32) -> f32) -> bool {
+        let min = |k: f32, s: f32| if k < s { k } else { s };
+        let max = |k: f32, s: f32| if k > s { k } else { s };
         let area_b = area(b);
         let full = self.len / LANES;
         for (g, ((((x1, y1), x2), y2), area_a)) in self.x1.iter().zip(&self.y1).zip(&self.x2).zip(&self.y2).zip(&self.area).enumerate() {
@@ -477,7 +471,7 @@ mod tests {
             for j in 0..200 {
                 let (x, y) = (next() * 110.0 - 5.0, next() * 110.0 - 5.0);
                 let mut b = [x, y, x + next() * 40.0, y + next() * 40.0];
-                // special sides on the candidate too (a NaN takes the other lane arithmetic)
+                // special sides on the candidate too (a NaN one makes its area NaN)
                 if j % 7 == 3 {
                     b[j % 4] = specials[j % specials.len()];
                 }
