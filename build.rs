@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The kernels under `src/backend/cuda/kernels/`, each compiled to `$OUT_DIR/<name>.ptx`.
-const KERNELS: &[&str] = &["epilogue", "candidates", "input", "pool", "head", "fuse", "letterbox", "nhwc"];
+const KERNELS: &[&str] = &["epilogue", "candidates", "input", "pool", "head", "fuse", "letterbox", "nhwc", "nms"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

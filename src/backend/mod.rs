@@ -62,6 +62,7 @@ pub use cuda::{
     head::decode_level,
     input::normalize as normalize_input,
     nhwc,
+    nms::kept as device_nms,
     pool::pool as pool_nhwc,
 };
 #[cfg(feature = "cuda")]

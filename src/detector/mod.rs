@@ -213,12 +213,13 @@ pub struct StepProfile {
     /// on the CPU the whole pass).
     pub queue: Duration,
     /// Waiting for the pass and the score filter, and the anchors that passed copied back (on
+    /// CUDA where the device runs NMS: waiting for it too, and the kept boxes copied back; on
     /// the CPU: boxes, best score and class of every anchor gathered).
     pub candidates: Duration,
-    /// Per-picture candidate lists: from the rows the device filter appended (CUDA), or the
-    /// score threshold applied here (CPU).
+    /// Per-picture candidate lists: from the rows the device filter appended (CUDA without the
+    /// device's NMS), or the score threshold applied here (CPU).
     pub lists: Duration,
-    /// NMS and the boxes mapped back to each picture.
+    /// NMS (unless the device ran it) and the boxes mapped back to each picture.
     pub nms: Duration,
 }
 
@@ -247,6 +248,15 @@ impl std::fmt::Display for StepProfile {
             per(self.nms)
         )
     }
+}
+
+/// What the detection step takes from a pass, per picture.
+enum Picked {
+    /// The candidates above the threshold, in anchor order: NMS runs on the host.
+    Candidates(Vec<Vec<Candidate>>),
+    /// The boxes the device's NMS kept, best first.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Kept(Vec<Vec<Candidate>>),
 }
 
 /// A [`StepProfile`] of one pass being timed: each lap adds the time since the last to a part.
@@ -581,6 +591,22 @@ impl Detector {
         Ok(lists)
     }
 
+    /// What the detection step takes from a raw output: each picture's candidates, or on CUDA,
+    /// where the device runs NMS at these thresholds, each picture's kept boxes.
+    fn picked_timed(&self, raw: &Tensor, th: &Thresholds, clock: &mut StepClock) -> candle_core::Result<Picked> {
+        #[cfg(feature = "cuda")]
+        {
+            clock.lap(|p| &mut p.queue);
+            let _arena = crate::backend::serve_arena(raw.device());
+            if let Some(kept) = crate::backend::device_nms(raw, th) {
+                let kept = kept?;
+                clock.lap(|p| &mut p.candidates);
+                return Ok(Picked::Kept(kept));
+            }
+        }
+        self.candidates_timed(raw, th.conf, clock).map(Picked::Candidates)
+    }
+
     /// Detections for a batch of letterboxed pictures, in each picture's original pixels, in
     /// batch order. Pictures of different input shapes (rect letterboxes of different aspect
     /// ratios) run in one pass per shape.
@@ -606,12 +632,12 @@ impl Detector {
         let mut clock = StepClock::start(batch.len());
         let cands = {
             #[cfg(feature = "cuda")]
-            let graphed = self.graphed_pictures(batch, |raw| self.candidates_timed(raw, th.conf, &mut clock));
+            let graphed = self.graphed_pictures(batch, |raw| self.picked_timed(raw, th, &mut clock));
             #[cfg(not(feature = "cuda"))]
-            let graphed: Option<candle_core::Result<Vec<Vec<Candidate>>>> = None;
+            let graphed: Option<candle_core::Result<Picked>> = None;
             match graphed {
                 Some(c) => c?,
-                None => self.candidates_timed(&self.forward(&self.input(batch)?)?, th.conf, &mut clock)?,
+                None => self.picked_timed(&self.forward(&self.input(batch)?)?, th, &mut clock)?,
             }
         };
         let geometries: Vec<&LetterboxGeometry> = batch.iter().map(|lb| &lb.geometry).collect();
@@ -633,11 +659,11 @@ impl Detector {
         }
         let pass = |t: &Tensor, out: Option<&Tensor>| self.pictures_pass(t, out);
         let mut clock = StepClock::start(b);
-        let cands = match self.graphed(x, &pass, |raw| self.candidates_timed(raw, th.conf, &mut clock)) {
+        let cands = match self.graphed(x, &pass, |raw| self.picked_timed(raw, th, &mut clock)) {
             Some(c) => c?,
             None => {
                 let _arena = crate::backend::serve_arena(self.device());
-                self.candidates_timed(&pass(x, None)?, th.conf, &mut clock)?
+                self.picked_timed(&pass(x, None)?, th, &mut clock)?
             }
         };
         Ok(self.finish(cands, geometries, th, clock))
@@ -899,23 +925,22 @@ impl Detector {
         Ok(())
     }
 
-    /// NMS and mapping back to each picture: per picture on rayon's pool (a crowded scene, or an
-    /// untrained model where every anchor is a candidate, costs milliseconds per picture, which
-    /// would add up serially).
-    fn finish(
-        &self,
-        cands: Vec<Vec<Candidate>>,
-        geometries: &[&LetterboxGeometry],
-        th: &Thresholds,
-        mut clock: StepClock,
-    ) -> Vec<Vec<Detection>> {
+    /// NMS (unless the device ran it) and mapping back to each picture: per picture on rayon's
+    /// pool (a crowded scene, or an untrained model where every anchor is a candidate, costs
+    /// milliseconds per picture on the host, which would add up serially).
+    fn finish(&self, picked: Picked, geometries: &[&LetterboxGeometry], th: &Thresholds, mut clock: StepClock) -> Vec<Vec<Detection>> {
         let names = &self.info().names;
-        let finish = |(c, g): (Vec<Candidate>, &&LetterboxGeometry)| postprocess::finish(c, th, g, names);
-        let out = if cands.len() == 1 {
-            cands.into_iter().zip(geometries).map(finish).collect()
-        } else {
-            use rayon::prelude::*;
-            cands.into_par_iter().zip(geometries.par_iter()).map(finish).collect()
+        let out = match picked {
+            Picked::Kept(kept) => kept.into_iter().zip(geometries).map(|(k, g)| postprocess::finish_kept(k, g, names)).collect(),
+            Picked::Candidates(cands) => {
+                let finish = |(c, g): (Vec<Candidate>, &&LetterboxGeometry)| postprocess::finish(c, th, g, names);
+                if cands.len() == 1 {
+                    cands.into_iter().zip(geometries).map(finish).collect()
+                } else {
+                    use rayon::prelude::*;
+                    cands.into_par_iter().zip(geometries.par_iter()).map(finish).collect()
+                }
+            }
         };
         clock.lap(|p| &mut p.nms);
         *self.step.lock().unwrap_or_else(|p| p.into_inner()) += clock.p;

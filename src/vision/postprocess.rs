@@ -11,7 +11,7 @@ use crate::vision::preprocess::LetterboxGeometry;
 /// Offset that separates classes for class-aware NMS (the reference's `max_wh`).
 const MAX_WH: f32 = 7680.0;
 /// Most boxes that enter NMS (the reference's `max_nms`).
-const MAX_NMS: usize = 30_000;
+pub const MAX_NMS: usize = 30_000;
 
 /// Thresholds of the detection step.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -222,9 +222,37 @@ fn area(b: &[f32; 4]) -> f32 {
     (b[2] - b[0]) * (b[3] - b[1])
 }
 
+/// Floats per kept row that the device NMS returns: x, y, w, h, score, class, picture, place
+/// among the picture's kept (`src/backend/cuda/kernels/nms.cu`).
+pub const KEPT_ROW: usize = 8;
+
+/// Per-picture kept candidates, best first, from the device NMS's rows (each picture's rows
+/// together and in order). A row naming a picture outside `0..pictures` is dropped, as is a
+/// trailing partial row.
+pub fn kept_from_rows(rows: &[f32], pictures: usize) -> Vec<Vec<Candidate>> {
+    let mut kept = vec![Vec::new(); pictures];
+    for r in rows.chunks_exact(KEPT_ROW) {
+        if let Some(list) = kept.get_mut(r[6] as usize) {
+            list.push(Candidate { xywh: [r[0], r[1], r[2], r[3]], score: r[4], class_id: r[5] as usize });
+        }
+    }
+    kept
+}
+
+/// A candidate's box as xyxy in network-input pixels.
+fn xyxy(c: &Candidate) -> [f32; 4] {
+    let [x, y, w, h] = c.xywh;
+    [x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0]
+}
+
 /// Class-aware NMS over one image's candidates; returns kept candidates as xyxy boxes in
 /// network-input pixels, best first.
 pub fn nms(cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])> {
+    nms_of_best(cands, th, MAX_NMS)
+}
+
+/// [`nms`] over the best `max_nms` candidates (the device NMS's checks set it lower).
+pub fn nms_of_best(cands: Vec<Candidate>, th: &Thresholds, max_nms: usize) -> Vec<(Candidate, [f32; 4])> {
     // score order, descending, ties in candidate (anchor) order, as the reference's stable
     // argsort: one key a candidate, the score's total order above its position
     let mut order: Vec<u64> = Vec::with_capacity(cands.len().min(u32::MAX as usize));
@@ -237,7 +265,7 @@ pub fn nms(cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])>
             .map(|(i, c)| (u64::from(!total_order_bits(c.score)) << 32) | i as u64),
     );
     order.sort_unstable();
-    order.truncate(MAX_NMS);
+    order.truncate(max_nms);
     // greedy NMS in score order: a candidate survives unless a box kept before it overlaps it by
     // more than the threshold. Boxes of different classes never suppress each other (the class
     // offset above), so each candidate is compared with the kept boxes of its own class only (at
@@ -251,8 +279,7 @@ pub fn nms(cands: Vec<Candidate>, th: &Thresholds) -> Vec<(Candidate, [f32; 4])>
             break;
         }
         let c = cands[(key & u64::from(u32::MAX)) as usize];
-        let [x, y, w, h] = c.xywh;
-        let xyxy = [x - w / 2.0, y - h / 2.0, x + w / 2.0, y + h / 2.0];
+        let xyxy = xyxy(&c);
         let o = c.class_id as f32 * MAX_WH;
         let shifted = xyxy.map(|v| v + o);
         let same = kept_of_class.of(c.class_id);
@@ -277,15 +304,21 @@ fn total_order_bits(v: f32) -> u32 {
 
 /// Full post-processing of one image: NMS, then boxes mapped to original pixels and labelled.
 pub fn finish(cands: Vec<Candidate>, th: &Thresholds, geom: &LetterboxGeometry, names: &[String]) -> Vec<Detection> {
-    nms(cands, th)
-        .into_iter()
-        .map(|(c, b)| Detection {
-            class_id: c.class_id,
-            label: names.get(c.class_id).cloned().unwrap_or_else(|| c.class_id.to_string()),
-            confidence: c.score,
-            bbox: geom.unletterbox(b),
-        })
-        .collect()
+    nms(cands, th).into_iter().map(|(c, b)| detection(c, b, geom, names)).collect()
+}
+
+/// [`finish`] of candidates NMS has already kept (the device's), best first.
+pub fn finish_kept(kept: Vec<Candidate>, geom: &LetterboxGeometry, names: &[String]) -> Vec<Detection> {
+    kept.into_iter().map(|c| detection(c, xyxy(&c), geom, names)).collect()
+}
+
+fn detection(c: Candidate, b: [f32; 4], geom: &LetterboxGeometry, names: &[String]) -> Detection {
+    Detection {
+        class_id: c.class_id,
+        label: names.get(c.class_id).cloned().unwrap_or_else(|| c.class_id.to_string()),
+        confidence: c.score,
+        bbox: geom.unletterbox(b),
+    }
 }
 
 #[cfg(test)]
@@ -294,6 +327,33 @@ mod tests {
 
     fn cand(x: f32, y: f32, s: f32, cls: usize) -> Candidate {
         Candidate { xywh: [x, y, 10.0, 10.0], score: s, class_id: cls }
+    }
+
+    #[test]
+    fn kept_rows_become_per_picture_detections_as_the_host_nms_gives_them() {
+        // what the device NMS returns for three pictures: each picture's kept boxes together and
+        // best first, picture 1 without any, a stray picture, and a trailing partial row
+        let cands = [
+            vec![cand(10.0, 10.0, 0.9, 0), cand(12.0, 11.0, 0.8, 0), cand(40.0, 40.0, 0.7, 2), cand(11.0, 10.0, 0.6, 1)],
+            vec![],
+            vec![Candidate { xywh: [3.0, 6.0, 3.5, 4.25], score: 0.5, class_id: 7 }],
+        ];
+        let th = Thresholds::default();
+        let mut rows = Vec::new();
+        for (pic, c) in cands.iter().enumerate() {
+            for (k, (c, _)) in nms(c.clone(), &th).into_iter().enumerate() {
+                rows.extend([c.xywh[0], c.xywh[1], c.xywh[2], c.xywh[3], c.score, c.class_id as f32, pic as f32, k as f32]);
+            }
+        }
+        rows.extend([1.0, 1.0, 1.0, 1.0, 0.99, 0.0, 9.0, 0.0]);
+        rows.extend([1.0, 2.0, 3.0]);
+        let kept = kept_from_rows(&rows, 3);
+        assert_eq!(kept.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 0, 1], "{kept:?}");
+        let geom = crate::vision::preprocess::LetterboxGeometry::fit(1280, 720, 640, crate::vision::preprocess::Fit::Rect);
+        let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        for (k, c) in kept.into_iter().zip(cands) {
+            assert_eq!(finish_kept(k, &geom, &names), finish(c, &th, &geom, &names));
+        }
     }
 
     #[test]

@@ -13,14 +13,38 @@ use std::process::Command;
 /// Builds `tests/kernels/<name>.cpp` with the kernels and the CUDA stand-in on the include path
 /// (and `libs` after it), runs it with `args` and asserts it printed "ok".
 fn build_and_run(name: &str, libs: &[&str], args: &[PathBuf]) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join(name);
+    run_built(&build(name, libs, dir.path()), args);
+}
+
+/// Runs a harness [`build`] made with `args` and asserts it printed "ok".
+fn run_built(exe: &Path, args: &[PathBuf]) {
+    let name = exe.file_name().unwrap_or_default().to_string_lossy();
+    let ran = Command::new(exe).args(args).output().unwrap();
+    let out = String::from_utf8_lossy(&ran.stdout);
+    assert!(ran.status.success() && out.starts_with("ok"), "{name} failed:\n{out}");
+}
+
+/// Builds `tests/kernels/<name>.cpp` into `dir` and returns the executable.
+fn build(name: &str, libs: &[&str], dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exe = dir.join(name);
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let built = Command::new(&cxx)
         // the kernels' `#pragma unroll` is the device compiler's; the vector types are read
-        // through each other as on the device
-        .args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-fno-strict-aliasing"])
+        // through each other as on the device; no multiply-add contracted (the device's
+        // explicitly rounded operations stay separate)
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-unknown-pragmas",
+            "-fno-strict-aliasing",
+            "-ffp-contract=off",
+            "-pthread",
+        ])
         .arg("-I")
         .arg(root.join("tests/kernels/shim"))
         .arg("-I")
@@ -32,9 +56,7 @@ fn build_and_run(name: &str, libs: &[&str], args: &[PathBuf]) {
         .output()
         .unwrap_or_else(|e| panic!("cannot run the C++ compiler '{cxx}': {e}"));
     assert!(built.status.success(), "{name}.cpp did not build:\n{}", String::from_utf8_lossy(&built.stderr));
-    let ran = Command::new(&exe).args(args).output().unwrap();
-    let out = String::from_utf8_lossy(&ran.stdout);
-    assert!(ran.status.success() && out.starts_with("ok"), "{name} failed:\n{out}");
+    exe
 }
 
 #[test]
@@ -49,4 +71,100 @@ fn cuda_kernels_on_the_cpu() {
 fn letterbox_planes_are_libjpeg_turbo() {
     let photos: Vec<PathBuf> = ["volleyball-court.jpg", "horses.jpg"].into_iter().map(crate::common::fixture).collect();
     build_and_run("letterbox_jpeg_check", &["-ljpeg"], &photos);
+}
+
+/// The device NMS (`nms.cu`: the score filter into per-picture rows, the counting sort, the
+/// chunked greedy pass with its shared kept list) run on the CPU by `tests/kernels/nms_check.cpp`
+/// keeps what `postprocess::nms` keeps, bit for bit and in its order: three pictures of 1500
+/// anchors whose boxes crowd one region, five classes, scores quantised to 1/64 so that hundreds
+/// tie and the anchor order decides, NaN and infinite scores and sides; thresholds and `max_det`
+/// that keep none, one, hundreds and the device's bound (1024), and once with only the best 400
+/// candidates entering NMS; f32 and f16 outputs. (`yolo-edge jpeg-selfcheck` checks the same on
+/// the GPU.)
+#[test]
+fn device_nms_is_the_host_nms() {
+    use yolo_edge::vision::postprocess::{self, Candidate, Thresholds};
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build("nms_check", &[], dir.path());
+    let (b, nc, a) = (3usize, 5usize, 1500usize);
+    let no = 4 + nc;
+    let unit = |i: usize| {
+        let mut v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
+        v ^= v >> 31;
+        v = v.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        ((v >> 40) % 4096) as f32 / 4096.0
+    };
+    let mut raw = vec![0f32; b * no * a];
+    for n in 0..b {
+        for j in 0..a {
+            let at = |row: usize| (n * no + row) * a + j;
+            let u = |row: usize| unit(at(row));
+            raw[at(0)] = 100.0 + 150.0 * u(0);
+            raw[at(1)] = 100.0 + 100.0 * u(1);
+            raw[at(2)] = 20.0 + 120.0 * u(2);
+            raw[at(3)] = 20.0 + 120.0 * u(3);
+            for c in 0..nc {
+                raw[at(4 + c)] = (u(4 + c) * 64.0).floor() / 64.0;
+            }
+            match j % 101 {
+                1 => raw[at(4)] = f32::NAN,
+                2 => raw[at(5)] = f32::INFINITY,
+                3 => raw[at(0)] = f32::NAN,
+                4 => raw[at(2)] = f32::INFINITY,
+                5 => raw[at(6)] = f32::NAN,
+                _ => {}
+            }
+        }
+    }
+    let bits = |c: &Candidate| (c.xywh.map(f32::to_bits), c.score.to_bits(), c.class_id);
+    let all = postprocess::MAX_NMS;
+    for (f16, conf, iou, max_det, max_nms) in [
+        (false, 0.25f32, 0.7f32, 300usize, all),
+        (false, 0.001, 0.0, 1024, all),
+        (false, -1.0, 0.5, 300, 400),
+        (false, 0.9, 0.7, 1, all),
+        (false, 0.5, 0.7, 0, all),
+        (false, 2.0, 0.7, 300, all),
+        (true, 0.25, 0.45, 300, all),
+    ] {
+        let case = format!("f16 {f16}, conf {conf}, iou {iou}, max_det {max_det}, max_nms {max_nms}");
+        let values: Vec<f32> = if f16 { raw.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() } else { raw.clone() };
+        let mut file = Vec::new();
+        for v in [b, no, a, max_det, max_nms, usize::from(f16)] {
+            file.extend((v as u32).to_le_bytes());
+        }
+        for v in [conf, iou].iter().chain(&values) {
+            file.extend(v.to_le_bytes());
+        }
+        let (case_path, kept_path) = (dir.path().join("case.bin"), dir.path().join("kept.bin"));
+        std::fs::write(&case_path, &file).unwrap();
+        run_built(&exe, &[case_path, kept_path.clone()]);
+        let kept = std::fs::read(&kept_path).unwrap();
+        let floats: Vec<f32> = kept[4..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let got = postprocess::kept_from_rows(&floats, b);
+        let th = Thresholds { conf, iou, max_det };
+        let mut kept_in_all = 0;
+        for (n, got) in got.iter().enumerate() {
+            let at = |row: usize, j: usize| values[(n * no + row) * a + j];
+            let cands: Vec<Candidate> = (0..a)
+                .filter_map(|j| {
+                    let (class_id, score) =
+                        (0..nc).fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
+                    (score > conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
+                })
+                .collect();
+            let want: Vec<_> = postprocess::nms_of_best(cands, &th, max_nms).iter().map(|(c, _)| bits(c)).collect();
+            let got: Vec<_> = got.iter().map(bits).collect();
+            assert_eq!(got.len(), want.len(), "{case}: picture {n} kept {} boxes, the host {}", got.len(), want.len());
+            if let Some(k) = (0..got.len()).find(|&k| got[k] != want[k]) {
+                panic!("{case}: picture {n}, kept box {k}: {:?}, the host's {:?}", got[k], want[k]);
+            }
+            kept_in_all += want.len();
+        }
+        match (max_det, conf) {
+            (0, _) | (_, 2.0) => assert_eq!(kept_in_all, 0, "{case}"),
+            (1, _) => assert_eq!(kept_in_all, b, "{case}"),
+            _ => assert!(kept_in_all > 3 * 30, "{case}: {kept_in_all} kept: the case crowds too little"),
+        }
+    }
 }

@@ -151,7 +151,9 @@ pub fn jpeg_selfcheck(dev: &CudaDevice, files: &[(String, Vec<u8>)], save: Optio
     writeln!(r, "{:<11} {:<7} {:<9} {max:>7} {bad:>12}", "batch of 7", "square", format!("{SIZE}x{SIZE}")).ok();
 
     writeln!(r).ok();
-    let differing = super::candidates::selfcheck(dev, &mut r)?;
+    let mut differing = super::candidates::selfcheck(dev, &mut r)?;
+    writeln!(r).ok();
+    differing += super::nms::selfcheck(dev, &mut r)?;
     mismatches += differing;
     writeln!(r).ok();
     match GpuJpeg::new(dev, 1).and_then(|planar| Ok((planar, GpuJpeg::new(dev, 1)?.with_planar(false)))) {
@@ -163,11 +165,11 @@ pub fn jpeg_selfcheck(dev: &CudaDevice, files: &[(String, Vec<u8>)], save: Optio
     writeln!(r).ok();
     writeln!(
         r,
-        "device letterbox and score filter: {}",
+        "device letterbox, score filter and NMS: {}",
         if mismatches == 0 {
             "OK (bit-exact)".to_string()
         } else {
-            format!("FAILED: {} mismatching bytes, {differing} differing candidates", mismatches - differing)
+            format!("FAILED: {} mismatching bytes, {differing} differing candidates or kept boxes", mismatches - differing)
         }
     )
     .ok();

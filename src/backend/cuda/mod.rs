@@ -2,7 +2,7 @@
 //! feature `cudnn`; with their epilogue in one kernel where that pays: [`cudnn_fused`]), the
 //! project's fused kernels (`kernels/*.cu`, compiled to PTX by `build.rs`:
 //! conv [`epilogue`], CBFuse [`fuse`], channels-last [`pool`]ing and data movement ([`nhwc`]),
-//! [`head`] decode, network [`input`] normalisation, score [`candidates`]), one forward pass replayed as a CUDA
+//! [`head`] decode, network [`input`] normalisation, score [`candidates`], the detection step's [`nms`]), one forward pass replayed as a CUDA
 //! [`graph`], and JPEG pictures to the network input on the GPU ([`jpeg`]: nvJPEG decoding, then
 //! the device [`letterbox`]; [`jpeg_selfcheck`] checks both on the machine that has the GPU).
 //!
@@ -23,6 +23,7 @@ pub mod jpeg;
 pub mod jpeg_selfcheck;
 pub mod letterbox;
 pub mod nhwc;
+pub mod nms;
 pub mod pool;
 
 /// The launch shape of the project's grid-stride kernels: `block` threads per block and enough

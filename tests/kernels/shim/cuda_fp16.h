@@ -1,23 +1,31 @@
 // A CPU stand-in for the CUDA headers the project's kernels include, so that the harnesses here
 // can run the kernels on the host: the kernel qualifiers compile away, the built-in thread
-// coordinates are globals that `run` sets for every (block, thread) of a launch, the vector
-// types have the device's sizes and layouts, and `__half` converts as the device does (IEEE
-// binary16, round to nearest even). The fast-math `__expf` is the host's `expf` here: results
-// are checked against the same arithmetic, not against the device's last bits.
+// coordinates are per-thread globals that `run` sets for every (block, thread) of a launch, the
+// vector types have the device's sizes and layouts, and `__half` converts as the device does
+// (IEEE binary16, round to nearest even). The fast-math `__expf` is the host's `expf` here:
+// results are checked against the same arithmetic, not against the device's last bits. Kernels
+// with shared memory and barriers run through `run_threads`: a host thread for every thread of
+// a block, meeting at `__syncthreads`, with `__shared__` variables as statics (one block at a
+// time uses them).
 #pragma once
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __shared__ static
 
 struct Dim3 {
   unsigned int x = 0, y = 0, z = 0;
 };
-inline Dim3 blockIdx, blockDim, gridDim, threadIdx;
+inline thread_local Dim3 blockIdx, blockDim, gridDim, threadIdx;
 
 // A launch: `k` for every (block, thread) of a grid of `blocks` x `threads`, one after the other.
 inline void run(unsigned int blocks, unsigned int threads, const std::function<void()> &k) {
@@ -104,9 +112,59 @@ inline float __half2float(__half v) {
 inline float2 __half22float2(__half2 v) { return float2{__half2float(v.x), __half2float(v.y)}; }
 inline __half2 __floats2half2_rn(float a, float b) { return __half2{__float2half_rn(a), __float2half_rn(b)}; }
 inline float __expf(float v) { return std::exp(v); }
-// launches are simulated one thread after another: no other thread can interleave
-inline unsigned int atomicAdd(unsigned int *p, unsigned int v) {
-  const unsigned int old = *p;
-  *p += v;
-  return old;
+inline unsigned int atomicAdd(unsigned int *p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned int atomicOr(unsigned int *p, unsigned int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+inline int __ffs(unsigned int v) { return __builtin_ffs((int)v); }
+inline unsigned int __float_as_uint(float v) {
+  unsigned int u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+// the host's IEEE operations, each rounded to nearest (harnesses build with -ffp-contract=off)
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+using std::isfinite;
+
+// The barrier of the block that `run_threads` runs.
+struct BlockBarrier {
+  std::mutex m;
+  std::condition_variable cv;
+  unsigned int threads, waiting = 0, generation = 0;
+  void wait() {
+    std::unique_lock<std::mutex> l(m);
+    const unsigned int g = generation;
+    if (++waiting == threads) {
+      waiting = 0;
+      generation++;
+      cv.notify_all();
+    } else {
+      cv.wait(l, [&] { return generation != g; });
+    }
+  }
+};
+inline BlockBarrier *block_barrier = nullptr;
+inline void __syncthreads() { block_barrier->wait(); }
+
+// A launch of a kernel with shared memory and barriers: the blocks one after another, each
+// block's `threads` as host threads.
+inline void run_threads(unsigned int blocks, unsigned int threads, const std::function<void()> &k) {
+  for (unsigned int b = 0; b < blocks; b++) {
+    BlockBarrier bar;
+    bar.threads = threads;
+    block_barrier = &bar;
+    std::vector<std::thread> pool;
+    for (unsigned int t = 0; t < threads; t++)
+      pool.emplace_back([&, b, t] {
+        gridDim.x = blocks;
+        blockDim.x = threads;
+        blockIdx.x = b;
+        threadIdx.x = t;
+        k();
+      });
+    for (auto &t : pool) t.join();
+    block_barrier = nullptr;
+  }
 }

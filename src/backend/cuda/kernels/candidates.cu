@@ -6,7 +6,7 @@
 // host in one copy, which orders them by (n, j). Ties between classes keep the first (as torch's
 // max). Contiguous input.
 // Built to PTX by build.rs (feature `cuda`); launched from src/backend/cuda/candidates.rs.
-#include "common.cuh"
+#include "scores.cuh"
 
 template <typename T>
 __device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned int a, float conf, float *out) {
@@ -15,15 +15,8 @@ __device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned i
   for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
     const unsigned int n = i / a, j = i % a;
     const T *p = raw + (size_t)n * no * a + j;
-    float best = ld(p[4 * (size_t)a]);
-    unsigned int cls = 0;
-    for (unsigned int c = 1; c + 4 < no; ++c) {
-      const float s = ld(p[(4 + (size_t)c) * a]);
-      if (s > best) {
-        best = s;
-        cls = c;
-      }
-    }
+    unsigned int cls;
+    const float best = best_class(p, no, a, &cls);
     if (best > conf) {
       const unsigned int k = atomicAdd(count, 1u);
       float *o = out + 8 + (size_t)k * 8;

@@ -1,0 +1,20 @@
+// The best class of one anchor, shared by the score filters (candidates.cu, nms.cu).
+#pragma once
+#include "common.cuh"
+
+// The best class score of the anchor at `p` (its first row of a raw output (B, 4 + nc, A), whose
+// rows lie `a` apart) and its class; ties keep the first class (as torch's max).
+template <typename T>
+__device__ __forceinline__ float best_class(const T *p, unsigned int no, unsigned int a, unsigned int *cls) {
+  float best = ld(p[4 * (size_t)a]);
+  unsigned int arg = 0;
+  for (unsigned int c = 1; c + 4 < no; ++c) {
+    const float s = ld(p[(4 + (size_t)c) * a]);
+    if (s > best) {
+      best = s;
+      arg = c;
+    }
+  }
+  *cls = arg;
+  return best;
+}
