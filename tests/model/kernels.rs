@@ -3,8 +3,9 @@
 //! runs each launch for every thread of a small grid and compares with direct loops: channel
 //! slices and concatenation, upsampling, the input in both layouts, the head's decode into one
 //! output, the convolution epilogue in every vector width, channels-last pooling, CBFuse and the
-//! score filtering; and `tests/kernels/letterbox_jpeg_check.cpp` runs the letterbox on JPEG planes
-//! against libjpeg-turbo. The GPU checks the same kernels end to end through the parity steps of
+//! score filtering; `tests/kernels/letterbox_jpeg_check.cpp` runs the letterbox on JPEG planes
+//! against libjpeg-turbo; and `tests/kernels/nms_check.cpp` runs the device NMS (shared memory and
+//! barriers: a host thread per device thread) for a comparison with `postprocess::nms`. The GPU checks the same kernels end to end through the parity steps of
 //! `scripts/gpu_run.sh` and `yolo-edge jpeg-selfcheck`.
 
 use std::path::{Path, PathBuf};
