@@ -48,7 +48,8 @@ int main(int argc, char **argv) {
   }
   // fewer blocks than work items: each block loops over several
   run_threads(5, RANK_TILE, [&] { rank(rows.data(), counts, b, a, ranks); });
-  run_threads(b, SUPPRESS_THREADS, [&] { suppress(rows.data(), counts, ranks, a, max_nms, th[1], max_det, order.data(), out.data()); });
+  run_threads(b, SUPPRESS_THREADS,
+              [&] { suppress(rows.data(), counts, ranks, a, max_nms, th[1], max_det, order.data(), out.data()); });
   unsigned int count;
   std::memcpy(&count, out.data(), 4);
   if (count > (size_t)b * per_picture) {
@@ -56,7 +57,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   FILE *o = fopen(argv[2], "wb");
-  if (!o || fwrite(&count, 4, 1, o) != 1 || fwrite(out.data() + ROW, 4, (size_t)count * ROW, o) != (size_t)count * ROW) {
+  if (!o || fwrite(&count, 4, 1, o) != 1 ||
+      fwrite(out.data() + ROW, 4, (size_t)count * ROW, o) != (size_t)count * ROW) {
     printf("cannot write %s\n", argv[2]);
     return 2;
   }

@@ -9,10 +9,10 @@
 //   keys), by counting the rows ahead of it; a block takes 128 rows against a slice of 1024.
 // - suppress: a block a picture puts its first `max_nms` rows in that order, then runs the greedy
 //   pass a chunk of 256 candidates at a time: each candidate against the boxes kept before the
-//   chunk and against the earlier candidates of the chunk (threads in parallel), then one thread
-//   decides the chunk in order, until `max_det` are kept. The kept rows are appended to `out`
-//   after its 8-float header (whose first word counts them, an unsigned integer zeroed before
-//   the launches), each picture's together and best first, as (x, y, w, h, score, class,
+//   chunk, then those that none overlaps against each other (threads in parallel), then one
+//   thread decides the chunk in order, until `max_det` are kept. The kept rows are appended to
+//   `out` after its 8-float header (whose first word counts them, an unsigned integer zeroed
+//   before the launches), each picture's together and best first, as (x, y, w, h, score, class,
 //   picture, place among the picture's kept).
 //
 // Every floating-point operation of the boxes is an explicitly rounded intrinsic, so that nothing
@@ -178,19 +178,30 @@ extern "C" __global__ void suppress(const float *rows, const unsigned int *count
       }
     }
     __syncthreads();
+    const float x1 = cx1[c], y1 = cy1[c], x2 = cx2[c], y2 = cy2[c], ar = ca[c], cls = cc[c];
     if (c < m) {
-      const float x1 = cx1[c], y1 = cy1[c], x2 = cx2[c], y2 = cy2[c], ar = ca[c], cls = cc[c];
       for (unsigned int k = part; k < kept; k += CHUNK_PARTS) {
         if (kc[k] == cls && overlaps(kx1[k], ky1[k], kx2[k], ky2[k], ka[k], x1, y1, x2, y2, ar, iou)) {
           atomicOr(hit + c / 32, 1u << (c % 32));
           break;
         }
       }
+    }
+    __syncthreads();
+    // against the earlier candidates of the chunk, only where no kept box overlaps either: one
+    // that a kept box overlaps is out whatever the chunk holds, and suppresses nothing
+    if (c < m && !((hit[c / 32] >> (c % 32)) & 1)) {
       for (unsigned int w = part; w < CHUNK_WORDS; w += CHUNK_PARTS) {
-        unsigned int bits = 0;
-        for (unsigned int l = 0; l < 32; ++l) {
+        const unsigned int below = c > w * 32 ? c - w * 32 : 0;
+        unsigned int open = ~hit[w], bits = 0;
+        if (below < 32) {
+          open &= (1u << below) - 1;
+        }
+        while (open) {
+          const unsigned int l = __ffs(open) - 1;
+          open &= open - 1;
           const unsigned int j = w * 32 + l;
-          if (j < c && cc[j] == cls && overlaps(cx1[j], cy1[j], cx2[j], cy2[j], ca[j], x1, y1, x2, y2, ar, iou)) {
+          if (cc[j] == cls && overlaps(cx1[j], cy1[j], cx2[j], cy2[j], ca[j], x1, y1, x2, y2, ar, iou)) {
             bits |= 1u << l;
           }
         }
