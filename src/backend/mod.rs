@@ -62,7 +62,7 @@ pub use cuda::{
     head::decode_level,
     input::normalize as normalize_input,
     nhwc,
-    nms::kept as device_nms,
+    nms::{kept as device_nms, takes as device_nms_takes, verify as verify_device_nms},
     pool::pool as pool_nhwc,
 };
 #[cfg(feature = "cuda")]

@@ -199,6 +199,9 @@ pub struct Detector {
     /// nvJPEG for the JPEGs a feed leaves encoded ([`Detector::use_gpu_jpeg`]).
     #[cfg(feature = "cuda")]
     jpeg: std::sync::OnceLock<crate::backend::GpuJpeg>,
+    /// Whether the device's NMS gave the host's answers on this device ([`Detector::device_nms_ok`]).
+    #[cfg(feature = "cuda")]
+    device_nms: std::sync::OnceLock<bool>,
     /// Where the detection step's time went ([`Detector::take_step_profile`]).
     step: std::sync::Mutex<StepProfile>,
 }
@@ -302,6 +305,8 @@ impl Detector {
             graph: std::sync::Mutex::new(Graphs::default()),
             #[cfg(feature = "cuda")]
             jpeg: std::sync::OnceLock::new(),
+            #[cfg(feature = "cuda")]
+            device_nms: std::sync::OnceLock::new(),
             step: std::sync::Mutex::new(StepProfile::default()),
         }
     }
@@ -598,13 +603,32 @@ impl Detector {
         {
             clock.lap(|p| &mut p.queue);
             let _arena = crate::backend::serve_arena(raw.device());
-            if let Some(kept) = crate::backend::device_nms(raw, th) {
-                let kept = kept?;
-                clock.lap(|p| &mut p.candidates);
-                return Ok(Picked::Kept(kept));
+            if crate::backend::device_nms_takes(raw, th) && self.device_nms_ok() {
+                if let Some(kept) = crate::backend::device_nms(raw, th) {
+                    let kept = kept?;
+                    clock.lap(|p| &mut p.candidates);
+                    return Ok(Picked::Kept(kept));
+                }
             }
         }
         self.candidates_timed(raw, th.conf, clock).map(Picked::Candidates)
+    }
+
+    /// Whether this process runs NMS on the device: checked once, on first use, against the
+    /// host's NMS on this device ([`crate::backend::verify_device_nms`], a few milliseconds);
+    /// where the answers differ or the check fails, the host runs NMS and a warning says why.
+    #[cfg(feature = "cuda")]
+    fn device_nms_ok(&self) -> bool {
+        *self.device_nms.get_or_init(|| {
+            let Device::Cuda(dev) = self.device() else { return false };
+            match crate::backend::verify_device_nms(dev) {
+                Ok(()) => true,
+                Err(why) => {
+                    tracing::warn!(%why, "the device's NMS does not give the host's answers on this device; NMS runs on the host");
+                    false
+                }
+            }
+        })
     }
 
     /// Detections for a batch of letterboxed pictures, in each picture's original pixels, in

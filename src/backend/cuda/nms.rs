@@ -168,16 +168,10 @@ fn bits(c: &Candidate) -> ([u32; 4], u32, usize) {
     (c.xywh.map(f32::to_bits), c.score.to_bits(), c.class_id)
 }
 
-/// The device NMS against [`postprocess::nms`] on raw outputs made on the host, f32 and f16:
-/// three pictures of 5040 anchors whose boxes crowd one region, five classes, scores quantised
-/// to 1/64 (so that thousands tie and the anchor order decides), some NaN and infinite scores
-/// and sides; at thresholds and `max_det` that keep none, one, hundreds and up to [`MAX_KEPT`],
-/// and once with only the best 1000 candidates entering NMS. A line per case into `report`.
-/// Returns the kept boxes that differ in any bit, or are missing or extra (0 expected). For
-/// `yolo-edge jpeg-selfcheck`.
-pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_core::Result<u64> {
-    use std::fmt::Write;
-    let (b, nc, a) = (3usize, 5usize, 5040usize);
+/// A raw output `(b, 4 + nc, a)` on the host whose boxes crowd one region: scores quantised to
+/// 1/64 (so that many tie and the anchor order decides), NaN and infinite scores and sides on a
+/// few anchors.
+fn crowded(b: usize, nc: usize, a: usize) -> candle_core::Result<Tensor> {
     let no = 4 + nc;
     let unit = |i: usize| {
         let mut v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
@@ -207,7 +201,71 @@ pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_c
             }
         }
     }
-    let host = Tensor::from_vec(values, (b, no, a), &Device::Cpu)?;
+    Tensor::from_vec(values, (b, no, a), &Device::Cpu)
+}
+
+/// One case: the device's kept boxes against the host's on `raw` (on the host, in its dtype);
+/// returns (candidates, kept by the host, differing kept boxes).
+fn compare(dev: &candle_core::CudaDevice, raw: &Tensor, th: &Thresholds, max_nms: usize) -> candle_core::Result<(usize, usize, u64)> {
+    let (b, no, a) = raw.dims3()?;
+    let nc = no - 4;
+    let v = raw.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut candidates = 0;
+    let want: Vec<Vec<Candidate>> = (0..b)
+        .map(|n| {
+            let at = |row: usize, j: usize| v[(n * no + row) * a + j];
+            let cands: Vec<Candidate> = (0..a)
+                .filter_map(|j| {
+                    // the first of equal best scores, as the kernel (and torch's max)
+                    let (class_id, score) =
+                        (0..nc).fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
+                    (score > th.conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
+                })
+                .collect();
+            candidates += cands.len();
+            postprocess::nms_of_best(cands, th, max_nms).into_iter().map(|(c, _)| c).collect()
+        })
+        .collect();
+    let got = postprocess::kept_from_rows(&run(dev, &raw.to_device(&Device::Cuda(dev.clone()))?, th, max_nms)?, b);
+    let mut differing = got.len().abs_diff(want.len()) as u64;
+    for (g, w) in got.iter().zip(&want) {
+        differing += g.iter().zip(w).filter(|(x, y)| bits(x) != bits(y)).count() as u64 + g.len().abs_diff(w.len()) as u64;
+    }
+    Ok((candidates, want.iter().map(Vec::len).sum(), differing))
+}
+
+/// A quick check that this device's NMS gives the host's answers (two crowded pictures of 1500
+/// anchors at the default thresholds, f32 and f16: a few milliseconds), for a process to make
+/// once before it relies on the device's NMS. `Err` says what differed, or what failed.
+pub fn verify(dev: &candle_core::CudaDevice) -> Result<(), String> {
+    let check = || -> candle_core::Result<Option<String>> {
+        let raw = crowded(2, 5, 1500)?;
+        for dtype in [DType::F32, DType::F16] {
+            let (candidates, kept, differing) = compare(dev, &raw.to_dtype(dtype)?, &Thresholds::default(), postprocess::MAX_NMS)?;
+            if differing > 0 {
+                return Ok(Some(format!("{differing} of {kept} kept boxes differ from the host's ({dtype:?}, {candidates} candidates)")));
+            }
+        }
+        Ok(None)
+    };
+    match check() {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The device NMS against [`postprocess::nms`] on raw outputs made on the host, f32 and f16:
+/// three pictures of 5040 anchors whose boxes crowd one region, five classes, scores quantised
+/// to 1/64 (so that thousands tie and the anchor order decides), some NaN and infinite scores
+/// and sides; at thresholds and `max_det` that keep none, one, hundreds and up to [`MAX_KEPT`],
+/// and once with only the best 1000 candidates entering NMS. A line per case into `report`.
+/// Returns the kept boxes that differ in any bit, or are missing or extra (0 expected). For
+/// `yolo-edge jpeg-selfcheck`.
+pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_core::Result<u64> {
+    use std::fmt::Write;
+    let (b, nc, a) = (3usize, 5usize, 5040usize);
+    let host = crowded(b, nc, a)?;
     let mut wrong = 0u64;
     writeln!(report, "device NMS against the host's ({b} pictures x {a} anchors, {nc} classes; expected 0 differing)").ok();
     writeln!(
@@ -218,8 +276,6 @@ pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_c
     .ok();
     for dtype in [DType::F32, DType::F16] {
         let raw = host.to_dtype(dtype)?;
-        let v = raw.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let on_device = raw.to_device(&Device::Cuda(dev.clone()))?;
         for (conf, iou, max_det, max_nms) in [
             (0.25f32, 0.7f32, 300usize, postprocess::MAX_NMS),
             (0.25, 0.45, MAX_KEPT, postprocess::MAX_NMS),
@@ -229,28 +285,7 @@ pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_c
             (0.5, 0.7, 0, postprocess::MAX_NMS),
             (2.0, 0.7, 300, postprocess::MAX_NMS),
         ] {
-            let th = Thresholds { conf, iou, max_det };
-            let mut candidates = 0;
-            let want: Vec<Vec<Candidate>> = (0..b)
-                .map(|n| {
-                    let at = |row: usize, j: usize| v[(n * no + row) * a + j];
-                    let cands: Vec<Candidate> = (0..a)
-                        .filter_map(|j| {
-                            let (class_id, score) =
-                                (0..nc).fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
-                            (score > conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
-                        })
-                        .collect();
-                    candidates += cands.len();
-                    postprocess::nms_of_best(cands, &th, max_nms).into_iter().map(|(c, _)| c).collect()
-                })
-                .collect();
-            let got = postprocess::kept_from_rows(&run(dev, &on_device, &th, max_nms)?, b);
-            let mut differing = 0u64;
-            for (g, w) in got.iter().zip(&want) {
-                differing += g.iter().zip(w).filter(|(x, y)| bits(x) != bits(y)).count() as u64 + g.len().abs_diff(w.len()) as u64;
-            }
-            let kept: usize = want.iter().map(Vec::len).sum();
+            let (candidates, kept, differing) = compare(dev, &raw, &Thresholds { conf, iou, max_det }, max_nms)?;
             writeln!(
                 report,
                 "{:<6} {conf:>5} {iou:>5} {max_det:>7} {max_nms:>7} {candidates:>11} {kept:>6} {differing:>9}",
