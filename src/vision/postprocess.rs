@@ -334,7 +334,7 @@ mod tests {
         // what the device NMS returns for three pictures: each picture's kept boxes together and
         // best first, picture 1 without any, a stray picture, and a trailing partial row
         let cands = [
-            vec![cand(10.0, 10.0, 0.9, 0), cand(12.0, 11.0, 0.8, 0), cand(40.0, 40.0, 0.7, 2), cand(11.0, 10.0, 0.6, 1)],
+            vec![cand(10.0, 10.0, 0.9, 0), cand(11.0, 10.0, 0.8, 0), cand(40.0, 40.0, 0.7, 2), cand(11.0, 10.0, 0.6, 1)],
             vec![],
             vec![Candidate { xywh: [3.0, 6.0, 3.5, 4.25], score: 0.5, class_id: 7 }],
         ];
