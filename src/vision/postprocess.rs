@@ -239,6 +239,62 @@ pub fn kept_from_rows(rows: &[f32], pictures: usize) -> Vec<Vec<Candidate>> {
     kept
 }
 
+/// A raw output `(b, 4 + nc, a)` (values in that order) whose boxes crowd one 300 x 200 region:
+/// scores quantised to 1/64, so that many tie and the anchor order decides; NaN and infinite
+/// scores and sides on a few anchors in every 101. The checks of the device NMS against [`nms`]
+/// run on it (`backend::cuda::nms`, on the GPU; `tests/model/kernels.rs`, on the CPU).
+pub fn crowded_output(b: usize, nc: usize, a: usize) -> Vec<f32> {
+    let no = 4 + nc;
+    let unit = |i: usize| {
+        let mut v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
+        v ^= v >> 31;
+        v = v.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        ((v >> 40) % 4096) as f32 / 4096.0
+    };
+    let mut values = vec![0f32; b * no * a];
+    for n in 0..b {
+        for j in 0..a {
+            let at = |row: usize| (n * no + row) * a + j;
+            let u = |row: usize| unit(at(row));
+            values[at(0)] = 100.0 + 300.0 * u(0);
+            values[at(1)] = 100.0 + 200.0 * u(1);
+            values[at(2)] = 20.0 + 120.0 * u(2);
+            values[at(3)] = 20.0 + 120.0 * u(3);
+            for c in 0..nc {
+                values[at(4 + c)] = (u(4 + c) * 64.0).floor() / 64.0;
+            }
+            match (j % 101, nc) {
+                (1, _) => values[at(4)] = f32::NAN,
+                (2, 2..) => values[at(5)] = f32::INFINITY,
+                (3, _) => values[at(0)] = f32::NAN,
+                (4, _) => values[at(2)] = f32::INFINITY,
+                (5, 3..) => values[at(6)] = f32::NAN,
+                _ => {}
+            }
+        }
+    }
+    values
+}
+
+/// Each picture's candidates, in anchor order, of a raw output's values `(b, 4 + nc, a)` on the
+/// host: the anchors whose best class (the first of equal best scores, as torch's max) scores
+/// above `conf`. With [`nms_of_best`], what the device NMS is checked against.
+pub fn candidates_on_host(values: &[f32], (b, no, a): (usize, usize, usize), conf: f32) -> Vec<Vec<Candidate>> {
+    (0..b)
+        .map(|n| {
+            let at = |row: usize, j: usize| values[(n * no + row) * a + j];
+            (0..a)
+                .filter_map(|j| {
+                    let (class_id, score) =
+                        (1..no.saturating_sub(4))
+                            .fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
+                    (score > conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// A candidate's box as xyxy in network-input pixels.
 fn xyxy(c: &Candidate) -> [f32; 4] {
     let [x, y, w, h] = c.xywh;

@@ -77,8 +77,8 @@ fn letterbox_planes_are_libjpeg_turbo() {
 /// The device NMS (`nms.cu`: the score filter into per-picture rows, the counting sort, the
 /// chunked greedy pass with its shared kept list) run on the CPU by `tests/kernels/nms_check.cpp`
 /// keeps what `postprocess::nms` keeps, bit for bit and in its order: three pictures of 1500
-/// anchors whose boxes crowd one region, five classes, scores quantised to 1/64 so that hundreds
-/// tie and the anchor order decides, NaN and infinite scores and sides; thresholds and `max_det`
+/// anchors of `postprocess::crowded_output` (five classes, hundreds of tied scores, NaN and
+/// infinite scores and sides); thresholds and `max_det`
 /// that keep none, one, hundreds and the device's bound (1024), and once with only the best 400
 /// candidates entering NMS; f32 and f16 outputs. (`yolo-edge jpeg-selfcheck` checks the same on
 /// the GPU.)
@@ -89,34 +89,7 @@ fn device_nms_is_the_host_nms() {
     let exe = build("nms_check", &[], dir.path());
     let (b, nc, a) = (3usize, 5usize, 1500usize);
     let no = 4 + nc;
-    let unit = |i: usize| {
-        let mut v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
-        v ^= v >> 31;
-        v = v.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        ((v >> 40) % 4096) as f32 / 4096.0
-    };
-    let mut raw = vec![0f32; b * no * a];
-    for n in 0..b {
-        for j in 0..a {
-            let at = |row: usize| (n * no + row) * a + j;
-            let u = |row: usize| unit(at(row));
-            raw[at(0)] = 100.0 + 150.0 * u(0);
-            raw[at(1)] = 100.0 + 100.0 * u(1);
-            raw[at(2)] = 20.0 + 120.0 * u(2);
-            raw[at(3)] = 20.0 + 120.0 * u(3);
-            for c in 0..nc {
-                raw[at(4 + c)] = (u(4 + c) * 64.0).floor() / 64.0;
-            }
-            match j % 101 {
-                1 => raw[at(4)] = f32::NAN,
-                2 => raw[at(5)] = f32::INFINITY,
-                3 => raw[at(0)] = f32::NAN,
-                4 => raw[at(2)] = f32::INFINITY,
-                5 => raw[at(6)] = f32::NAN,
-                _ => {}
-            }
-        }
-    }
+    let raw = postprocess::crowded_output(b, nc, a);
     let bits = |c: &Candidate| (c.xywh.map(f32::to_bits), c.score.to_bits(), c.class_id);
     let all = postprocess::MAX_NMS;
     for (f16, conf, iou, max_det, max_nms) in [
@@ -145,15 +118,8 @@ fn device_nms_is_the_host_nms() {
         let got = postprocess::kept_from_rows(&floats, b);
         let th = Thresholds { conf, iou, max_det };
         let mut kept_in_all = 0;
-        for (n, got) in got.iter().enumerate() {
-            let at = |row: usize, j: usize| values[(n * no + row) * a + j];
-            let cands: Vec<Candidate> = (0..a)
-                .filter_map(|j| {
-                    let (class_id, score) =
-                        (0..nc).fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
-                    (score > conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
-                })
-                .collect();
+        let cands = postprocess::candidates_on_host(&values, (b, no, a), conf);
+        for (n, (got, cands)) in got.iter().zip(cands).enumerate() {
             let want: Vec<_> = postprocess::nms_of_best(cands, &th, max_nms).iter().map(|(c, _)| bits(c)).collect();
             let got: Vec<_> = got.iter().map(bits).collect();
             assert_eq!(got.len(), want.len(), "{case}: picture {n} kept {} boxes, the host {}", got.len(), want.len());

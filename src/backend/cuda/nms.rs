@@ -168,65 +168,21 @@ fn bits(c: &Candidate) -> ([u32; 4], u32, usize) {
     (c.xywh.map(f32::to_bits), c.score.to_bits(), c.class_id)
 }
 
-/// A raw output `(b, 4 + nc, a)` on the host whose boxes crowd one region: scores quantised to
-/// 1/64 (so that many tie and the anchor order decides), NaN and infinite scores and sides on a
-/// few anchors.
+/// [`postprocess::crowded_output`] as a host tensor.
 fn crowded(b: usize, nc: usize, a: usize) -> candle_core::Result<Tensor> {
-    let no = 4 + nc;
-    let unit = |i: usize| {
-        let mut v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
-        v ^= v >> 31;
-        v = v.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        ((v >> 40) % 4096) as f32 / 4096.0
-    };
-    let mut values = vec![0f32; b * no * a];
-    for n in 0..b {
-        for j in 0..a {
-            let at = |row: usize| (n * no + row) * a + j;
-            let u = |row: usize| unit(at(row));
-            values[at(0)] = 100.0 + 300.0 * u(0);
-            values[at(1)] = 100.0 + 200.0 * u(1);
-            values[at(2)] = 20.0 + 120.0 * u(2);
-            values[at(3)] = 20.0 + 120.0 * u(3);
-            for c in 0..nc {
-                values[at(4 + c)] = (u(4 + c) * 64.0).floor() / 64.0;
-            }
-            match j % 701 {
-                1 => values[at(4)] = f32::NAN,
-                2 => values[at(5)] = f32::INFINITY,
-                3 => values[at(0)] = f32::NAN,
-                4 => values[at(2)] = f32::INFINITY,
-                5 => values[at(6)] = f32::NAN,
-                _ => {}
-            }
-        }
-    }
-    Tensor::from_vec(values, (b, no, a), &Device::Cpu)
+    Tensor::from_vec(postprocess::crowded_output(b, nc, a), (b, 4 + nc, a), &Device::Cpu)
 }
 
 /// One case: the device's kept boxes against the host's on `raw` (on the host, in its dtype);
 /// returns (candidates, kept by the host, differing kept boxes).
 fn compare(dev: &candle_core::CudaDevice, raw: &Tensor, th: &Thresholds, max_nms: usize) -> candle_core::Result<(usize, usize, u64)> {
-    let (b, no, a) = raw.dims3()?;
-    let nc = no - 4;
+    let dims = raw.dims3()?;
     let v = raw.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let mut candidates = 0;
-    let want: Vec<Vec<Candidate>> = (0..b)
-        .map(|n| {
-            let at = |row: usize, j: usize| v[(n * no + row) * a + j];
-            let cands: Vec<Candidate> = (0..a)
-                .filter_map(|j| {
-                    // the first of equal best scores, as the kernel (and torch's max)
-                    let (class_id, score) =
-                        (0..nc).fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
-                    (score > th.conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
-                })
-                .collect();
-            candidates += cands.len();
-            postprocess::nms_of_best(cands, th, max_nms).into_iter().map(|(c, _)| c).collect()
-        })
-        .collect();
-    let got = postprocess::kept_from_rows(&run(dev, &raw.to_device(&Device::Cuda(dev.clone()))?, th, max_nms)?, b);
+    let cands = postprocess::candidates_on_host(&v, dims, th.conf);
+    let candidates = cands.iter().map(Vec::len).sum();
+    let want: Vec<Vec<Candidate>> =
+        cands.into_iter().map(|c| postprocess::nms_of_best(c, th, max_nms).into_iter().map(|(c, _)| c).collect()).collect();
+    let got = postprocess::kept_from_rows(&run(dev, &raw.to_device(&Device::Cuda(dev.clone()))?, th, max_nms)?, dims.0);
     let mut differing = got.len().abs_diff(want.len()) as u64;
     for (g, w) in got.iter().zip(&want) {
         differing += g.iter().zip(w).filter(|(x, y)| bits(x) != bits(y)).count() as u64 + g.len().abs_diff(w.len()) as u64;
@@ -256,9 +212,8 @@ pub fn verify(dev: &candle_core::CudaDevice) -> Result<(), String> {
 }
 
 /// The device NMS against [`postprocess::nms`] on raw outputs made on the host, f32 and f16:
-/// three pictures of 5040 anchors whose boxes crowd one region, five classes, scores quantised
-/// to 1/64 (so that thousands tie and the anchor order decides), some NaN and infinite scores
-/// and sides; at thresholds and `max_det` that keep none, one, hundreds and up to [`MAX_KEPT`],
+/// three pictures of 5040 anchors of [`postprocess::crowded_output`] (five classes, thousands
+/// of tied scores, NaN and infinite scores and sides); at thresholds and `max_det` that keep none, one, hundreds and up to [`MAX_KEPT`],
 /// and once with only the best 1000 candidates entering NMS. A line per case into `report`.
 /// Returns the kept boxes that differ in any bit, or are missing or extra (0 expected). For
 /// `yolo-edge jpeg-selfcheck`.

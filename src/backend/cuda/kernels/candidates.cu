@@ -19,15 +19,7 @@ __device__ void select(const T *raw, unsigned int b, unsigned int no, unsigned i
     const float best = best_class(p, no, a, &cls);
     if (best > conf) {
       const unsigned int k = atomicAdd(count, 1u);
-      float *o = out + 8 + (size_t)k * 8;
-      o[0] = ld(p[0]);
-      o[1] = ld(p[(size_t)a]);
-      o[2] = ld(p[2 * (size_t)a]);
-      o[3] = ld(p[3 * (size_t)a]);
-      o[4] = best;
-      o[5] = (float)cls;
-      o[6] = (float)n;
-      o[7] = (float)j;
+      candidate_row(out + 8 + (size_t)k * 8, p, a, best, cls, n, j);
     }
   }
 }

@@ -42,15 +42,7 @@ __device__ void group(const T *raw, unsigned int b, unsigned int no, unsigned in
     const float best = best_class(p, no, a, &cls);
     if (best > conf && isfinite(best)) {
       const unsigned int k = atomicAdd(counts + n, 1u);
-      float *o = rows + ((size_t)n * a + k) * ROW;
-      o[0] = ld(p[0]);
-      o[1] = ld(p[(size_t)a]);
-      o[2] = ld(p[2 * (size_t)a]);
-      o[3] = ld(p[3 * (size_t)a]);
-      o[4] = best;
-      o[5] = (float)cls;
-      o[6] = (float)n;
-      o[7] = (float)j;
+      candidate_row(rows + ((size_t)n * a + k) * ROW, p, a, best, cls, n, j);
     }
   }
 }

@@ -1,4 +1,5 @@
-// The best class of one anchor, shared by the score filters (candidates.cu, nms.cu).
+// The best class of one anchor and its candidate row, shared by the score filters (candidates.cu,
+// nms.cu).
 #pragma once
 #include "common.cuh"
 
@@ -17,4 +18,19 @@ __device__ __forceinline__ float best_class(const T *p, unsigned int no, unsigne
   }
   *cls = arg;
   return best;
+}
+
+// The candidate row of the anchor at `p` with its best score and class: x, y, w, h, score, class,
+// picture `n`, anchor `j`.
+template <typename T>
+__device__ __forceinline__ void candidate_row(float *o, const T *p, unsigned int a, float best, unsigned int cls,
+                                              unsigned int n, unsigned int j) {
+  o[0] = ld(p[0]);
+  o[1] = ld(p[(size_t)a]);
+  o[2] = ld(p[2 * (size_t)a]);
+  o[3] = ld(p[3 * (size_t)a]);
+  o[4] = best;
+  o[5] = (float)cls;
+  o[6] = (float)n;
+  o[7] = (float)j;
 }
