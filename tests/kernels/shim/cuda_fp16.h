@@ -21,6 +21,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(threads)
 
 struct Dim3 {
   unsigned int x = 0, y = 0, z = 0;

@@ -66,8 +66,8 @@ __device__ __forceinline__ unsigned long long order_key(const float *r) {
 
 // `ranks` (B x A, zeroed) gets, for row i of picture n, the number of its rows with smaller keys.
 // Launched with RANK_TILE threads a block and any number of blocks, which loop over the work.
-extern "C" __global__ void rank(const float *rows, const unsigned int *counts, unsigned int b, unsigned int a,
-                                unsigned int *ranks) {
+extern "C" __global__ void __launch_bounds__(RANK_TILE)
+    rank(const float *rows, const unsigned int *counts, unsigned int b, unsigned int a, unsigned int *ranks) {
   __shared__ unsigned long long slice[RANK_SLICE];
   const unsigned int tiles = (a + RANK_TILE - 1) / RANK_TILE, slices = (a + RANK_SLICE - 1) / RANK_SLICE;
   const unsigned long long per_picture = (unsigned long long)tiles * slices;
@@ -117,9 +117,9 @@ __device__ __forceinline__ bool overlaps(float kx1, float ky1, float kx2, float 
 }
 
 // One block of SUPPRESS_THREADS a picture; `order` (B x A) is scratch.
-extern "C" __global__ void suppress(const float *rows, const unsigned int *counts, const unsigned int *ranks,
-                                    unsigned int a, unsigned int max_nms, float iou, unsigned int max_det,
-                                    unsigned int *order, float *out) {
+extern "C" __global__ void __launch_bounds__(SUPPRESS_THREADS)
+    suppress(const float *rows, const unsigned int *counts, const unsigned int *ranks, unsigned int a,
+             unsigned int max_nms, float iou, unsigned int max_det, unsigned int *order, float *out) {
   // the kept boxes: class-offset xyxy, area, class, row
   __shared__ float kx1[MAX_KEPT], ky1[MAX_KEPT], kx2[MAX_KEPT], ky2[MAX_KEPT], ka[MAX_KEPT], kc[MAX_KEPT];
   __shared__ unsigned int krow[MAX_KEPT];
