@@ -615,7 +615,7 @@ impl Detector {
     }
 
     /// Whether this process runs NMS on the device: checked once, on first use, against the
-    /// host's NMS on this device ([`crate::backend::verify_device_nms`], a few milliseconds);
+    /// host's NMS on this device ([`crate::backend::verify_device_nms`]);
     /// where the answers differ or the check fails, the host runs NMS and a warning says why.
     #[cfg(feature = "cuda")]
     fn device_nms_ok(&self) -> bool {

@@ -191,8 +191,8 @@ fn compare(dev: &candle_core::CudaDevice, raw: &Tensor, th: &Thresholds, max_nms
 }
 
 /// A quick check that this device's NMS gives the host's answers (two crowded pictures of 1500
-/// anchors at the default thresholds, f32 and f16: a few milliseconds), for a process to make
-/// once before it relies on the device's NMS. `Err` says what differed, or what failed.
+/// anchors at the default thresholds, f32 and f16), for a process to make once before it relies
+/// on the device's NMS. `Err` says what differed, or what failed.
 pub fn verify(dev: &candle_core::CudaDevice) -> Result<(), String> {
     let check = || -> candle_core::Result<Option<String>> {
         let raw = crowded(2, 5, 1500)?;
