@@ -9,7 +9,7 @@ use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Device, Storage, Tensor};
 
-use crate::vision::postprocess::{self, Candidate};
+use crate::vision::postprocess;
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/candidates.ptx"));
 const MODULE: &str = "yolo_edge_candidates";
@@ -126,19 +126,7 @@ pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_c
         let v = raw.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         let on_device = raw.to_device(&Device::Cuda(dev.clone()))?;
         for conf in [1.0f32, 0.9995, 0.99, -1.0] {
-            let want: Vec<Vec<Candidate>> = (0..b)
-                .map(|n| {
-                    let at = |row: usize, j: usize| v[(n * no + row) * a + j];
-                    (0..a)
-                        .filter_map(|j| {
-                            // the first of equal best scores, as the kernel (and torch's max)
-                            let (class_id, score) =
-                                (0..nc).fold((0, at(4, j)), |best, c| if at(4 + c, j) > best.1 { (c, at(4 + c, j)) } else { best });
-                            (score > conf).then(|| Candidate { xywh: [at(0, j), at(1, j), at(2, j), at(3, j)], score, class_id })
-                        })
-                        .collect()
-                })
-                .collect();
+            let want = postprocess::candidates_on_host(&v, (b, no, a), conf);
             let got = postprocess::candidates_from_rows(run(dev, &on_device, conf)?.rows(), b, a);
             let mut differing = 0u64;
             for (g, w) in got.iter().zip(&want) {

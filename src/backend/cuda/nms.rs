@@ -4,14 +4,14 @@
 //!
 //! The answers are [`postprocess::nms`]'s: the same candidates (best class above `conf`, finite
 //! score), the same order (score descending, ties by anchor, the best [`postprocess::MAX_NMS`]),
-//! the same IoU in the same f32 operations, the same stop at `max_det`. On the host an untrained
-//! model's 5040 candidates cost 0.3-0.5 ms of NMS at batch 1 (BENCHMARKS.md, "NMS on the
-//! device"); here the host waits for the pass anyway.
+//! the same IoU in the same f32 operations, the same stop at `max_det`. On the H100's host an
+//! untrained c's 5040 candidates cost 0.31-0.46 ms of NMS at batch 1 (BENCHMARKS.md, GPU, "Kept
+//! boxes by class id on the card"); here the host waits for the pass anyway. The device's time
+//! has not been measured yet.
 //!
 //! Work and memory are bounded by the batch: rows, ranks and order take 40 bytes an anchor of each
 //! picture, the kept rows 32 bytes for each of `max_det`. The order costs a comparison for every
-//! pair of a picture's candidates (an untrained model at batch 256: 18 billion, milliseconds on
-//! an H100).
+//! pair of a picture's candidates (an untrained model at batch 256 at 640x640: 18 billion).
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
@@ -66,8 +66,8 @@ fn run(dev: &candle_core::CudaDevice, raw: &Tensor, th: &Thresholds, max_nms: us
     if anchors == 0 {
         return Ok(Vec::new());
     }
-    let per_picture = th.max_det.min(a).min(MAX_KEPT);
-    if raw.elem_count() > u32::MAX as usize || anchors * CANDIDATE_ROW > u32::MAX as usize || a >= 1 << 24 || th.max_det > MAX_KEPT {
+    let per_picture = th.max_det.min(a);
+    if !takes(raw, th) || raw.elem_count() > u32::MAX as usize || anchors * CANDIDATE_ROW > u32::MAX as usize {
         candle_core::bail!("nms: {b} pictures x {a} anchors (max_det {}) is more than the device pass takes", th.max_det);
     }
     let raw = raw.contiguous()?;
@@ -213,8 +213,9 @@ pub fn verify(dev: &candle_core::CudaDevice) -> Result<(), String> {
 
 /// The device NMS against [`postprocess::nms`] on raw outputs made on the host, f32 and f16:
 /// three pictures of 5040 anchors of [`postprocess::crowded_output`] (five classes, thousands
-/// of tied scores, NaN and infinite scores and sides); at thresholds and `max_det` that keep none, one, hundreds and up to [`MAX_KEPT`],
-/// and once with only the best 1000 candidates entering NMS. A line per case into `report`.
+/// of tied scores, NaN and infinite scores and sides); at thresholds and `max_det` that keep
+/// none, one, hundreds and up to [`MAX_KEPT`], and once with only the best 1000 candidates
+/// entering NMS. A line per case into `report`.
 /// Returns the kept boxes that differ in any bit, or are missing or extra (0 expected). For
 /// `yolo-edge jpeg-selfcheck`.
 pub fn selfcheck(dev: &candle_core::CudaDevice, report: &mut String) -> candle_core::Result<u64> {
